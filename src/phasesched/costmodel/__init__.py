@@ -1,0 +1,1 @@
+"""Cost models: how long a step takes."""

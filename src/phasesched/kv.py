@@ -1,0 +1,283 @@
+"""Paged KV block manager: fixed-size pages, per-sequence block tables, reference counts.
+
+The manager hands out *tables* (one per sequence, named by a small integer, its slot) and the
+pages in them. Its state is a handful of numpy arrays, so the scheduler can grow every running
+sequence by one token, gather FlashInfer's ``kv_indices`` and free finished sequences without a
+Python loop over requests. Queries (``can_allocate``) never change state; commits
+(``allocate``, ``grow``) either succeed entirely or raise :class:`OutOfPagesError` having
+changed nothing. Pages carry reference counts so tables can share a prefix (``fork``); a page
+returns to the free pool only when its last reference goes.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numpy.typing import NDArray
+
+from phasesched.errors import OutOfPagesError
+
+__all__ = ["PagedKVManager"]
+
+Int32Array = NDArray[np.int32]
+_NO_PAGE = -1
+
+
+def _read_only(array: NDArray[np.int32]) -> NDArray[np.int32]:
+    view = array.view()
+    view.flags.writeable = False
+    return view
+
+
+class PagedKVManager:
+    """Allocates KV pages to sequence tables. See the module docstring for the contract.
+
+    Args:
+        num_pages: Pages in the cache.
+        page_size: Tokens per page.
+        watermark: Fraction of pages kept free when *admitting* new sequences, so running ones
+            can still grow (vLLM's watermark). Growing a running sequence may use them.
+
+    >>> kv = PagedKVManager(num_pages=8, page_size=16)
+    >>> slot = kv.open()
+    >>> kv.grow_to(slot, 20)          # 20 tokens need 2 pages
+    >>> kv.num_free_pages, kv.page_count(slot)
+    (6, 2)
+    >>> kv.close(slot)
+    >>> kv.num_free_pages
+    8
+
+    """
+
+    def __init__(self, num_pages: int, page_size: int, *, watermark: float = 0.0) -> None:
+        if num_pages <= 0 or page_size <= 0:
+            msg = f"num_pages and page_size must be positive, got {num_pages} and {page_size}"
+            raise ValueError(msg)
+        if not 0.0 <= watermark < 1.0:
+            msg = f"watermark must be in [0, 1), got {watermark}"
+            raise ValueError(msg)
+        self.num_pages = num_pages
+        self.page_size = page_size
+        self.watermark_pages = int(watermark * num_pages)
+        # Free pages form a stack; allocation pops from the top, in one slice.
+        self._free = np.arange(num_pages - 1, -1, -1, dtype=np.int32)
+        self._num_free = num_pages
+        self._refcount = np.zeros(num_pages, dtype=np.int32)
+        self._table = np.full((8, 8), _NO_PAGE, dtype=np.int32)
+        self._count = np.zeros(8, dtype=np.int32)
+        self._open = np.zeros(8, dtype=bool)
+        self._free_slots: list[int] = list(range(7, -1, -1))
+
+    # ---------------------------------------------------------------- queries
+    @property
+    def num_free_pages(self) -> int:
+        """Pages in the free pool."""
+        return self._num_free
+
+    @property
+    def num_used_pages(self) -> int:
+        """Pages referenced by at least one table."""
+        return self.num_pages - self._num_free
+
+    @property
+    def usage(self) -> float:
+        """Fraction of pages in use."""
+        return self.num_used_pages / self.num_pages
+
+    def pages_for(self, num_tokens: int) -> int:
+        """Pages needed to hold ``num_tokens`` tokens."""
+        return -(-num_tokens // self.page_size)
+
+    def can_allocate(self, num_pages: int, *, admission: bool = False) -> bool:
+        """Whether ``num_pages`` more pages can be handed out now.
+
+        Args:
+            num_pages: Pages wanted.
+            admission: Keep the watermark free, as admitting a new sequence must.
+
+        """
+        reserve = self.watermark_pages if admission else 0
+        return num_pages <= self._num_free - reserve
+
+    def is_open(self, slot: int) -> bool:
+        """Whether ``slot`` names an open table."""
+        return 0 <= slot < len(self._open) and bool(self._open[slot])
+
+    def page_count(self, slot: int) -> int:
+        """Pages in table ``slot``."""
+        self._check_open(slot)
+        return int(self._count[slot])
+
+    def pages(self, slot: int) -> Int32Array:
+        """The page ids of table ``slot``, in token order (read-only)."""
+        self._check_open(slot)
+        return _read_only(self._table[slot, : self._count[slot]])
+
+    @property
+    def page_counts(self) -> Int32Array:
+        """Pages per slot (read-only; closed slots read 0)."""
+        return _read_only(self._count)
+
+    @property
+    def refcounts(self) -> Int32Array:
+        """References per page (read-only)."""
+        return _read_only(self._refcount)
+
+    def freed_by_closing(self, slots: Int32Array) -> int:
+        """Pages that would return to the pool if every table in ``slots`` closed."""
+        if len(slots) == 0:
+            return 0
+        pages = self.gather(slots, self._count[slots])[1]
+        unique, hits = np.unique(pages, return_counts=True)
+        return int(np.count_nonzero(self._refcount[unique] == hits))
+
+    def gather(self, slots: Int32Array, num_pages: Int32Array) -> tuple[Int32Array, Int32Array]:
+        """FlashInfer's ``(kv_indptr, kv_indices)`` for the first ``num_pages[i]`` pages of each slot.
+
+        Returns:
+            ``kv_indptr`` int32 ``[len(slots) + 1]`` and ``kv_indices`` int32
+            ``[kv_indptr[-1]]``: slot ``slots[i]``'s pages are
+            ``kv_indices[kv_indptr[i]:kv_indptr[i + 1]]``.
+
+        """
+        indptr = np.zeros(len(slots) + 1, dtype=np.int32)
+        np.cumsum(num_pages, out=indptr[1:])
+        total = int(indptr[-1])
+        if total == 0:
+            return indptr, np.empty(0, dtype=np.int32)
+        width = self._table.shape[1]
+        # Flat offset of each wanted entry: row start, plus its column within the row.
+        row_start = np.repeat(slots.astype(np.int64) * width - indptr[:-1], num_pages)
+        flat = row_start + np.arange(total, dtype=np.int64)
+        return indptr, self._table.ravel()[flat]
+
+    # ---------------------------------------------------------------- commits
+    def open(self) -> int:
+        """Open an empty table and return its slot."""
+        if not self._free_slots:
+            self._grow_rows()
+        slot = self._free_slots.pop()
+        self._open[slot] = True
+        return slot
+
+    def grow_to(self, slot: int, num_tokens: int) -> None:
+        """Make table ``slot`` hold at least ``num_tokens`` tokens' pages.
+
+        Raises:
+            OutOfPagesError: Too few free pages; nothing was allocated.
+
+        """
+        self._check_open(slot)
+        self.grow_many(np.array([slot], dtype=np.int32), np.array([num_tokens], dtype=np.int32))
+
+    def grow_many(self, slots: Int32Array, num_tokens: Int32Array) -> None:
+        """Vectorized :meth:`grow_to`: all tables grow, or none does.
+
+        ``slots`` must be distinct open tables (the scheduler guarantees it; it is not rechecked
+        here because this is the per-step hot path).
+        """
+        need = np.maximum(-(-num_tokens.astype(np.int64) // self.page_size) - self._count[slots], 0)
+        total = int(need.sum())
+        if total == 0:
+            return
+        if total > self._num_free:
+            raise OutOfPagesError(total, self._num_free)
+        growing = need > 0
+        slots, need = slots[growing], need[growing]
+        new_counts = self._count[slots] + need
+        self._ensure_width(int(new_counts.max()))
+        top = self._num_free
+        fresh = self._free[top - total : top][::-1]
+        self._num_free -= total
+        self._refcount[fresh] = 1
+        # Write each slot's new pages into the columns after its current last page.
+        rows = np.repeat(slots, need)
+        starts = np.cumsum(need) - need
+        cols = np.repeat(self._count[slots], need) + (np.arange(total) - np.repeat(starts, need))
+        self._table[rows, cols] = fresh
+        self._count[slots] = new_counts.astype(np.int32)
+
+    def allocate(self, slot: int, num_pages: int) -> Int32Array:
+        """Append ``num_pages`` pages to table ``slot`` and return them.
+
+        Raises:
+            OutOfPagesError: Too few free pages; nothing was allocated.
+
+        """
+        self._check_open(slot)
+        if num_pages < 0:
+            msg = f"num_pages must be non-negative, got {num_pages}"
+            raise ValueError(msg)
+        before = int(self._count[slot])
+        self.grow_to(slot, (before + num_pages) * self.page_size)
+        return _read_only(self._table[slot, before : before + num_pages].copy())
+
+    def fork(self, slot: int, num_tokens: int) -> int:
+        """Open a table sharing the full pages of ``slot``'s first ``num_tokens`` tokens.
+
+        Only whole pages are shared: the new table writes its own tokens into its own pages,
+        so a shared page is never written twice.
+        """
+        self._check_open(slot)
+        shared = min(num_tokens // self.page_size, int(self._count[slot]))
+        child = self.open()
+        self._ensure_width(shared)
+        pages = self._table[slot, :shared]
+        self._table[child, :shared] = pages
+        self._count[child] = shared
+        self._refcount[pages] += 1
+        return child
+
+    def close(self, slot: int) -> None:
+        """Drop table ``slot``; pages whose last reference it held return to the pool."""
+        self._check_open(slot)
+        self.close_many(np.array([slot], dtype=np.int32))
+
+    def close_many(self, slots: Int32Array) -> None:
+        """Vectorized :meth:`close` for distinct open slots."""
+        if len(slots) == 0:
+            return
+        counts = self._count[slots]
+        _, pages = self.gather(slots, counts)
+        np.subtract.at(self._refcount, pages, 1)
+        released = np.unique(pages[self._refcount[pages] == 0])
+        top = self._num_free
+        self._free[top : top + len(released)] = released
+        self._num_free += len(released)
+        self._table[slots, : int(counts.max(initial=0))] = _NO_PAGE
+        self._count[slots] = 0
+        self._open[slots] = False
+        self._free_slots.extend(int(s) for s in slots)
+
+    # ---------------------------------------------------------------- checks
+    def check_invariants(self) -> None:
+        """Assert the bookkeeping is whole: used + free = total, counts match references."""
+        free = self._free[: self._num_free]
+        assert len(np.unique(free)) == self._num_free, "a page is free twice"
+        assert np.all(self._refcount[free] == 0), "a free page is still referenced"
+        open_slots = np.flatnonzero(self._open).astype(np.int32)
+        _, pages = self.gather(open_slots, self._count[open_slots])
+        expected = np.bincount(pages, minlength=self.num_pages)
+        assert np.array_equal(expected, self._refcount), "reference counts disagree with tables"
+        assert self.num_used_pages == np.count_nonzero(self._refcount), "used pages miscounted"
+
+    def _check_open(self, slot: int) -> None:
+        if not self.is_open(slot):
+            msg = f"KV table {slot} is not open"
+            raise KeyError(msg)
+
+    def _grow_rows(self) -> None:
+        old = len(self._open)
+        self._table = np.vstack([self._table, np.full_like(self._table, _NO_PAGE)])
+        self._count = np.concatenate([self._count, np.zeros(old, dtype=np.int32)])
+        self._open = np.concatenate([self._open, np.zeros(old, dtype=bool)])
+        self._free_slots.extend(range(2 * old - 1, old - 1, -1))
+
+    def _ensure_width(self, columns: int) -> None:
+        width = self._table.shape[1]
+        if columns <= width:
+            return
+        while width < columns:
+            width *= 2
+        wider = np.full((self._table.shape[0], width), _NO_PAGE, dtype=np.int32)
+        wider[:, : self._table.shape[1]] = self._table
+        self._table = wider

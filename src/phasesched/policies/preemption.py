@@ -1,0 +1,73 @@
+"""Preemption: whom to evict when KV pages or sequence slots run out.
+
+Eviction is by recompute: the victim's pages are freed, it returns to the waiting queue under
+its original key, and when it resumes its prompt and the tokens it had generated are prefilled
+again. Which running request to evict is a policy (:class:`VictimOrder`).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
+
+import attrs
+import numpy as np
+from numpy.typing import NDArray
+
+if TYPE_CHECKING:
+    from phasesched.state import SchedulerView
+
+__all__ = ["FewestGenerated", "LatestArrival", "LowestPriority", "PreemptionPolicy", "VictimOrder"]
+
+Int32Array = NDArray[np.int32]
+
+
+@runtime_checkable
+class VictimOrder(Protocol):
+    """Orders running requests from most to least preemptible."""
+
+    def order(self, view: SchedulerView, slots: Int32Array) -> Int32Array:
+        """``slots`` re-ordered, best victim first."""
+        ...
+
+
+@attrs.frozen
+class LatestArrival:
+    """Evict the most recent arrival first (vLLM's FCFS behaviour: last in, first out)."""
+
+    def order(self, view: SchedulerView, slots: Int32Array) -> Int32Array:
+        """Latest arrival first."""
+        return slots[np.lexsort((-slots, -view.arrival_time[slots]))]
+
+
+@attrs.frozen
+class LowestPriority:
+    """Evict the least important request first (highest priority value), then the latest."""
+
+    def order(self, view: SchedulerView, slots: Int32Array) -> Int32Array:
+        """Highest priority value first, then latest arrival."""
+        return slots[np.lexsort((-view.arrival_time[slots], -view.priority[slots]))]
+
+
+@attrs.frozen
+class FewestGenerated:
+    """Evict the request that has generated least, so the least finished work is redone."""
+
+    def order(self, view: SchedulerView, slots: Int32Array) -> Int32Array:
+        """Fewest generated tokens first, then latest arrival."""
+        return slots[np.lexsort((-view.arrival_time[slots], view.num_generated[slots]))]
+
+
+@attrs.frozen
+class PreemptionPolicy:
+    """How the scheduler preempts.
+
+    Attributes:
+        victims: Which running request goes first.
+        preempt_for_waiting: Whether a waiting request may evict running requests it outranks
+            (strictly lower ``priority`` value) when the sequence cap or KV memory keeps it out.
+            Running requests that run short of KV always preempt.
+
+    """
+
+    victims: VictimOrder = attrs.field(factory=LatestArrival)
+    preempt_for_waiting: bool = False

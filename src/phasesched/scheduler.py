@@ -1,0 +1,427 @@
+"""The scheduler: one loop of three verbs, ``schedule -> execute -> update``.
+
+``schedule(now)`` asks the policy for a selection, checks it, commits it (preemptions,
+admissions, KV pages) and returns an immutable :class:`~phasesched.plan.StepPlan`. The engine
+runs the plan on an executor and hands the result to ``update(plan, result)``, which advances
+every request's computed tokens, appends sampled tokens and retires finished requests. At most
+one plan is in flight. Bad input at any of these boundaries raises a typed error and changes
+nothing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import attrs
+import numpy as np
+from numpy.typing import NDArray
+
+from phasesched.errors import (
+    DuplicateRequestError,
+    InvalidPlanError,
+    InvalidResultError,
+    PlanInFlightError,
+    RequestRejectedError,
+    UnknownRequestError,
+)
+from phasesched.executor import StepResult
+from phasesched.kv import PagedKVManager
+from phasesched.plan import StepPlan, build_step_plan
+from phasesched.policies.builder import BatchBuilder
+from phasesched.policies.chunking import ChunkContext, PrefillCandidate
+from phasesched.policies.policy import SchedulingPolicy
+from phasesched.request import FinishReason, Request, RequestStatus
+from phasesched.selection import Selection, check_selection
+from phasesched.state import RunningArrays, SchedulerView, SequenceState, WaitingQueue
+
+__all__ = ["FinishedRequest", "Scheduler", "SchedulerConfig", "StepOutcome"]
+
+Int32Array = NDArray[np.int32]
+
+
+@attrs.frozen
+class SchedulerConfig:
+    """The deployment the scheduler plans for.
+
+    Attributes:
+        num_pages: KV pages in the cache.
+        page_size: Tokens per page.
+        max_model_len: Longest sequence (prompt plus generated) the model accepts.
+        watermark: Fraction of pages admissions leave free for running requests to grow into.
+
+    """
+
+    num_pages: int = attrs.field(validator=attrs.validators.gt(0))
+    page_size: int = attrs.field(default=16, validator=attrs.validators.gt(0))
+    max_model_len: int = attrs.field(default=32768, validator=attrs.validators.gt(0))
+    watermark: float = attrs.field(default=0.0, validator=[attrs.validators.ge(0.0), attrs.validators.lt(1.0)])
+
+
+@attrs.frozen
+class FinishedRequest:
+    """A request that left the scheduler, with what it produced.
+
+    Attributes:
+        request_id: Its id.
+        status: ``FINISHED`` or ``ABORTED``.
+        reason: Why it stopped.
+        prompt_len: Its prompt length.
+        num_generated: Tokens it generated.
+        output_token_ids: The generated ids, or ``None`` for a length-only request.
+        num_preemptions: How often it was preempted and recomputed.
+
+    """
+
+    request_id: str
+    status: RequestStatus
+    reason: FinishReason
+    prompt_len: int
+    num_generated: int
+    output_token_ids: tuple[int, ...] | None
+    num_preemptions: int
+
+
+@attrs.frozen(eq=False)
+class StepOutcome:
+    """What one ``update()`` did.
+
+    Attributes:
+        step_id: The plan's step id.
+        request_ids: The plan's slices, in batch order.
+        new_token_ids: int32 ``[B]``: the token each slice added, -1 where it added none.
+        finished: Requests that finished or were aborted in this update.
+        duration_s: The executor's step duration, if it gave one.
+
+    """
+
+    step_id: int
+    request_ids: tuple[str, ...]
+    new_token_ids: Int32Array
+    finished: tuple[FinishedRequest, ...]
+    duration_s: float | None
+
+
+class Scheduler:
+    """Decides, step by step, what runs. See the module docstring for the loop.
+
+    Args:
+        config: KV geometry and model limit.
+        policy: The scheduling policy; defaults to the ``vllm`` preset's shape
+            (decode-first, 8192-token budget, FCFS).
+
+    """
+
+    def __init__(self, config: SchedulerConfig, policy: SchedulingPolicy | None = None) -> None:
+        self.config = config
+        self.policy = policy or SchedulingPolicy(name="default")
+        self.kv = PagedKVManager(config.num_pages, config.page_size, watermark=config.watermark)
+        self._arrays = RunningArrays()
+        self._running: Int32Array = np.empty(0, dtype=np.int32)
+        self._waiting = WaitingQueue()
+        self._seqs: dict[str, SequenceState] = {}
+        self._in_flight: StepPlan | None = None
+        self._next_step = 0
+        self._released: list[str] = []
+
+    # ------------------------------------------------------------------ requests
+    def add_request(self, request: Request) -> None:
+        """Queue a request.
+
+        Raises:
+            DuplicateRequestError: Its id is already held.
+            RequestRejectedError: It can never be served (too long for the model or the KV
+                cache, or a prompt the policy could never start).
+
+        """
+        if request.request_id in self._seqs:
+            msg = f"request {request.request_id!r} is already in the scheduler"
+            raise DuplicateRequestError(msg)
+        self._check_servable(request)
+        tokens = list(request.prompt_token_ids) if request.prompt_token_ids is not None else None
+        seq = SequenceState(request, self.policy.queue_order.key(request), tokens=tokens)
+        self._seqs[request.request_id] = seq
+        self._waiting.push(seq)
+
+    def abort(self, request_id: str) -> FinishedRequest | None:
+        """Abort a request and free its KV.
+
+        Returns:
+            The aborted request's record, or ``None`` when it is part of the plan in flight:
+            it is then retired by the next ``update()`` and reported in that outcome.
+
+        Raises:
+            UnknownRequestError: No such request is held.
+
+        """
+        seq = self._seqs.get(request_id)
+        if seq is None:
+            msg = f"no request {request_id!r} to abort"
+            raise UnknownRequestError(msg)
+        if self._in_flight is not None and seq.slot >= 0 and np.any(self._in_flight.slots == seq.slot):
+            self._arrays.abort_pending[seq.slot] = True
+            return None
+        if seq.slot >= 0:
+            self._retire(np.array([seq.slot], np.int32))
+        else:
+            self._waiting.remove(request_id)
+        return self._finish_record(seq, RequestStatus.ABORTED, FinishReason.ABORTED)
+
+    # ------------------------------------------------------------------ the loop
+    def schedule(self, now: float = 0.0) -> StepPlan:
+        """Plan the next step. An empty plan means there is nothing to run now.
+
+        Raises:
+            PlanInFlightError: The previous plan has not been updated yet.
+            InvalidPlanError: The policy proposed an invalid step; nothing changed.
+
+        """
+        if self._in_flight is not None:
+            msg = f"plan {self._in_flight.step_id} is still in flight; call update() first"
+            raise PlanInFlightError(msg)
+        view = SchedulerView(now=now, budget=self.policy.budget, kv=self.kv, arrays=self._arrays,
+                             running=self._running, waiting=self._waiting, max_model_len=self.config.max_model_len)
+        builder = BatchBuilder(view, self.policy.chunker, self.policy.preemption)
+        selection = self.policy.priority.select(view, builder)
+        if not isinstance(selection, Selection):
+            msg = f"{type(self.policy.priority).__name__}.select returned {type(selection).__name__}, not a Selection"
+            raise InvalidPlanError(msg)
+        check_selection(selection, arrays=self._arrays, running=self._running, waiting=self._waiting,
+                        kv=self.kv, budget=self.policy.budget)
+        plan = self._commit(selection)
+        self._in_flight = plan
+        return plan
+
+    def update(self, plan: StepPlan, result: StepResult) -> StepOutcome:
+        """Apply an executor's result to the plan in flight.
+
+        Raises:
+            InvalidResultError: ``plan`` is not the plan in flight, or ``result`` does not
+                match it; nothing was applied.
+
+        """
+        if plan is not self._in_flight:
+            msg = f"plan {plan.step_id} is not the plan in flight"
+            raise InvalidResultError(msg)
+        result.check_against(plan)
+        self._in_flight = None
+        arrays, slots = self._arrays, plan.slots
+        arrays.computed[slots] += plan.num_new
+        new_tokens = np.where(plan.samples, result.token_ids, -1).astype(np.int32)
+        done, reasons = self._append_tokens(plan, result)
+        finished = self._finish(slots[done], reasons)
+        return StepOutcome(step_id=plan.step_id, request_ids=plan.request_ids, new_token_ids=new_tokens,
+                           finished=finished, duration_s=result.duration_s)
+
+    # ------------------------------------------------------------------ introspection
+    @property
+    def num_running(self) -> int:
+        """Requests holding KV."""
+        return len(self._running)
+
+    @property
+    def num_waiting(self) -> int:
+        """Requests in the waiting queue (new and preempted)."""
+        return len(self._waiting)
+
+    @property
+    def num_unfinished(self) -> int:
+        """Requests held, running or waiting."""
+        return len(self._seqs)
+
+    @property
+    def plan_in_flight(self) -> StepPlan | None:
+        """The plan awaiting ``update()``, if any."""
+        return self._in_flight
+
+    @property
+    def kv_usage(self) -> float:
+        """Fraction of KV pages in use."""
+        return self.kv.usage
+
+    def running_request_ids(self) -> list[str]:
+        """Running requests, in admission order."""
+        seqs = self._arrays.seqs
+        return [seqs[s].request.request_id for s in self._running.tolist()]  # type: ignore[union-attr]
+
+    def waiting_request_ids(self) -> Iterator[str]:
+        """Waiting requests in queue order, lazily."""
+        return (seq.request.request_id for seq in self._waiting.ordered())
+
+    def status(self, request_id: str) -> RequestStatus:
+        """Where a held request stands."""
+        return self._seq(request_id).status
+
+    def progress(self, request_id: str) -> tuple[int, int]:
+        """``(tokens computed, tokens known)`` of a held request."""
+        seq = self._seq(request_id)
+        if seq.slot < 0:
+            return 0, seq.num_tokens
+        return int(self._arrays.computed[seq.slot]), int(self._arrays.known[seq.slot])
+
+    def check_invariants(self) -> None:
+        """Assert the internal bookkeeping is whole (tests call this after every step)."""
+        self.kv.check_invariants()
+        arrays, running = self._arrays, self._running
+        assert len(np.unique(running)) == len(running), "a slot runs twice"
+        assert int(arrays.running.sum()) == len(running), "running mask and order disagree"
+        assert len(running) + len(self._waiting) == len(self._seqs), "a request is lost or counted twice"
+        assert len(running) <= self.policy.budget.max_num_seqs, "more running requests than max_num_seqs"
+        assert np.all(arrays.computed[running] < arrays.known[running]), "a running request has nothing to compute"
+        if self._in_flight is None:
+            held = self.kv.page_counts[running]
+            assert np.array_equal(held, -(-arrays.computed[running] // self.kv.page_size)), "pages != tokens held"
+        for seq in self._seqs.values():
+            assert (seq.slot >= 0) == (seq.status is RequestStatus.RUNNING), "slot and status disagree"
+
+    # ------------------------------------------------------------------ internals
+    def _seq(self, request_id: str) -> SequenceState:
+        seq = self._seqs.get(request_id)
+        if seq is None:
+            msg = f"no request {request_id!r} is held"
+            raise UnknownRequestError(msg)
+        return seq
+
+    def _check_servable(self, request: Request) -> None:
+        limit = self.config.max_model_len
+        if request.prompt_len > limit:
+            raise RequestRejectedError(request.request_id, f"prompt of {request.prompt_len} tokens exceeds "
+                                       f"max_model_len={limit}")
+        most_cached = max(request.prompt_len, min(request.max_total_tokens, limit) - 1)
+        capacity = self.kv.num_pages - self.kv.watermark_pages
+        if self.kv.pages_for(most_cached) > capacity:
+            raise RequestRejectedError(request.request_id, f"it may hold {most_cached} tokens of KV, more than "
+                                       f"the {capacity} usable pages of {self.kv.page_size} tokens")
+        first = PrefillCandidate(request, 0, request.prompt_len, ongoing=False)
+        empty = ChunkContext(self.policy.budget.max_num_batched_tokens, (), np.empty(0, np.int64), np.empty(0, np.int64))
+        if self.policy.chunker.chunk(first, empty) <= 0:
+            raise RequestRejectedError(request.request_id, f"the chunk sizer never starts a prompt of "
+                                       f"{request.prompt_len} tokens under a budget of "
+                                       f"{self.policy.budget.max_num_batched_tokens}")
+
+    def _commit(self, selection: Selection) -> StepPlan:
+        preempted = self._preempt(selection.preempted)
+        admitted_slots, new_requests = self._admit(selection.admitted)
+        arrays = self._arrays
+        slots = np.concatenate([selection.running_slots, admitted_slots]).astype(np.int32)
+        num_new = np.concatenate([selection.running_tokens, np.asarray(selection.admitted_tokens, np.int32)])
+        num_new = num_new.astype(np.int32)
+        start = arrays.computed[slots]
+        kv_len = start + num_new
+        self.kv.grow_many(slots, kv_len)
+        kv_indptr, kv_indices = self.kv.gather(slots, -(-kv_len // self.kv.page_size))
+        ids = arrays.ids
+        plan = build_step_plan(
+            step_id=self._next_step,
+            request_ids=tuple([ids[s] for s in slots.tolist()]),
+            slots=slots, start=start, num_new=num_new, prompt_len=arrays.prompt_len[slots],
+            samples=kv_len == arrays.known[slots], kv_indptr=kv_indptr, kv_indices=kv_indices,
+            page_size=self.kv.page_size, input_ids=self._input_ids(slots, start, num_new),
+            preempted=preempted, new_requests=new_requests, released=self._released,
+        )
+        self._next_step += 1
+        self._released = []
+        return plan
+
+    def _preempt(self, victims: tuple[int, ...]) -> list[str]:
+        if not victims:
+            return []
+        slots = np.asarray(victims, dtype=np.int32)
+        seqs = [self._arrays.seqs[s] for s in victims]
+        self._retire(slots)
+        ids = []
+        for seq in seqs:
+            assert seq is not None
+            seq.status = RequestStatus.PREEMPTED
+            seq.num_preemptions += 1
+            self._waiting.push(seq)
+            ids.append(seq.request.request_id)
+        self._released.extend(ids)
+        return ids
+
+    def _admit(self, request_ids: tuple[str, ...]) -> tuple[Int32Array, list[Request]]:
+        slots = np.empty(len(request_ids), dtype=np.int32)
+        requests = []
+        for i, request_id in enumerate(request_ids):
+            seq = self._waiting.remove(request_id)
+            slot = self.kv.open()
+            self._arrays.load(slot, seq, self.config.max_model_len)
+            seq.slot, seq.status = slot, RequestStatus.RUNNING
+            slots[i] = slot
+            requests.append(seq.request)
+        if len(slots):
+            self._running = np.concatenate([self._running, slots])
+        return slots, requests
+
+    def _retire(self, slots: Int32Array) -> None:
+        """Free the KV of running ``slots`` and take them off the running set."""
+        arrays = self._arrays
+        self.kv.close_many(slots)
+        arrays.unload(slots)
+        self._running = self._running[arrays.running[self._running]]
+
+    def _input_ids(self, slots: Int32Array, start: Int32Array, num_new: Int32Array) -> Int32Array | None:
+        arrays = self._arrays
+        if not len(slots) or not np.all(arrays.has_ids[slots]):
+            return None
+        feeds_last = (num_new == 1) & (start == arrays.known[slots] - 1)
+        if np.all(feeds_last):
+            return arrays.last_token[slots].copy()
+        ids = np.empty(int(num_new.sum()), dtype=np.int32)
+        row = np.cumsum(num_new) - num_new
+        ids[row[feeds_last]] = arrays.last_token[slots[feeds_last]]
+        for i in np.flatnonzero(~feeds_last).tolist():
+            tokens = arrays.seqs[int(slots[i])].tokens  # type: ignore[union-attr]
+            assert tokens is not None
+            ids[row[i] : row[i] + num_new[i]] = tokens[start[i] : start[i] + num_new[i]]
+        return ids
+
+    def _append_tokens(self, plan: StepPlan, result: StepResult) -> tuple[NDArray[np.bool_], list[FinishReason]]:
+        """Record sampled tokens; return which slices finish, and why, in slice order."""
+        arrays, slots = self._arrays, plan.slots
+        sampled = plan.samples
+        s_slots, s_tokens = slots[sampled], result.token_ids[sampled]
+        arrays.known[s_slots] += 1
+        arrays.generated[s_slots] += 1
+        arrays.last_token[s_slots] = s_tokens
+        by_length = np.zeros(len(slots), dtype=bool)
+        by_length[sampled] = arrays.known[s_slots] >= arrays.max_known[s_slots]
+        by_stop = np.zeros(len(slots), dtype=bool)
+        by_stop[sampled] = s_tokens == arrays.eos[s_slots]
+        by_executor = np.zeros(len(slots), dtype=bool) if result.finished is None else result.finished
+        seqs = arrays.seqs
+        for i in np.flatnonzero(sampled & arrays.has_ids[slots]).tolist():
+            seq = seqs[int(slots[i])]
+            assert seq is not None and seq.tokens is not None
+            token = int(result.token_ids[i])
+            seq.tokens.append(token)
+            if token in seq.request.stop_token_ids:
+                by_stop[i] = True
+        aborted = arrays.abort_pending[slots]
+        done = by_length | by_stop | by_executor | aborted
+        reasons = [
+            FinishReason.ABORTED if a else FinishReason.STOP if s else FinishReason.LENGTH if ln else FinishReason.EXECUTOR
+            for a, s, ln in zip(aborted[done], by_stop[done], by_length[done], strict=True)
+        ]
+        return done, reasons
+
+    def _finish(self, slots: Int32Array, reasons: list[FinishReason]) -> tuple[FinishedRequest, ...]:
+        if not len(slots):
+            return ()
+        seqs = [self._arrays.seqs[s] for s in slots.tolist()]
+        self._retire(slots)
+        records = []
+        for seq, reason in zip(seqs, reasons, strict=True):
+            assert seq is not None
+            status = RequestStatus.ABORTED if reason is FinishReason.ABORTED else RequestStatus.FINISHED
+            records.append(self._finish_record(seq, status, reason))
+        return tuple(records)
+
+    def _finish_record(self, seq: SequenceState, status: RequestStatus, reason: FinishReason) -> FinishedRequest:
+        request = seq.request
+        del self._seqs[request.request_id]
+        seq.status = status
+        self._released.append(request.request_id)
+        outputs = None if seq.tokens is None else tuple(seq.tokens[request.prompt_len :])
+        return FinishedRequest(request_id=request.request_id, status=status, reason=reason,
+                               prompt_len=request.prompt_len, num_generated=seq.num_generated,
+                               output_token_ids=outputs, num_preemptions=seq.num_preemptions)
