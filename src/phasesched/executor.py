@@ -38,9 +38,9 @@ def _bool_array_or_none(value: object) -> NDArray[np.bool_] | None:
     if array.dtype != np.bool_:
         msg = f"finished must be booleans, got dtype {array.dtype}"
         raise InvalidResultError(msg)
-    array = array.copy()
-    array.flags.writeable = False
-    return array
+    flags: NDArray[np.bool_] = array.copy()
+    flags.flags.writeable = False
+    return flags
 
 
 @attrs.frozen(eq=False)
@@ -104,8 +104,8 @@ class DeterministicExecutor:
     >>> executor = DeterministicExecutor()
     >>> plan = scheduler.schedule(now=0.0)
     >>> outcome = scheduler.update(plan, executor.execute(plan))
-    >>> outcome.new_token_ids.tolist()
-    [4]
+    >>> outcome.new_token_ids.tolist()  # sampled at position 2
+    [3]
     """
 
     vocab_size: int = 32000

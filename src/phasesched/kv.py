@@ -23,7 +23,7 @@ _NO_PAGE = -1
 
 
 def _read_only(array: NDArray[np.int32]) -> NDArray[np.int32]:
-    view = array.view()
+    view: NDArray[np.int32] = array.view()
     view.flags.writeable = False
     return view
 

@@ -114,7 +114,8 @@ class StepPlan:
     @property
     def is_decode(self) -> BoolArray:
         """Bool ``[B]``: which slices are decodes (see :func:`phasesched.request.phase_of`)."""
-        return (self.num_new == 1) & (self.start >= self.prompt_len)
+        decode: BoolArray = (self.num_new == 1) & (self.start >= self.prompt_len)
+        return decode
 
     @property
     def num_decodes(self) -> int:
@@ -146,8 +147,14 @@ class StepPlan:
         The scheduler builds consistent plans; executors call this on plans of other origin.
         """
         b = self.batch_size
-        shapes = {"slots": self.slots, "start": self.start, "num_new": self.num_new, "prompt_len": self.prompt_len,
-                  "samples": self.samples, "kv_last_page_len": self.kv_last_page_len}
+        shapes = {
+            "slots": self.slots,
+            "start": self.start,
+            "num_new": self.num_new,
+            "prompt_len": self.prompt_len,
+            "samples": self.samples,
+            "kv_last_page_len": self.kv_last_page_len,
+        }
         for name, array in shapes.items():
             _expect(array.shape == (b,), f"{name} has shape {array.shape}, expected ({b},)")
         _expect(len(set(self.request_ids)) == b, "a request appears twice in one plan")
@@ -162,8 +169,10 @@ class StepPlan:
         _expect(bool(np.all(uses[written] == 1)), "a KV page written this step is used by another slice")
         last = (self.kv_len - 1) % self.page_size + 1
         _expect(np.array_equal(self.kv_last_page_len, last), "kv_last_page_len disagrees with kv lengths")
-        _expect(np.array_equal(self.positions, token_positions(self.start, self.num_new)),
-                "positions disagree with start and num_new")
+        _expect(
+            np.array_equal(self.positions, token_positions(self.start, self.num_new)),
+            "positions disagree with start and num_new",
+        )
         if self.input_ids is not None:
             _expect(self.input_ids.shape == (self.num_tokens,), "input_ids must have one id per query token")
 
@@ -172,7 +181,8 @@ def _written_pages(plan: StepPlan) -> Int32Array:
     first = plan.kv_indptr[:-1] + plan.start // plan.page_size
     count = plan.kv_indptr[1:] - first
     offsets = np.arange(int(count.sum())) - np.repeat(np.cumsum(count) - count, count)
-    return plan.kv_indices[np.repeat(first, count) + offsets]
+    written: Int32Array = plan.kv_indices[np.repeat(first, count) + offsets]
+    return written
 
 
 def _expect(ok: bool, message: str) -> None:
@@ -192,7 +202,8 @@ def token_positions(start: Int32Array, num_new: Int32Array) -> Int32Array:
     if total == len(num_new):  # all decodes: one token each, at its start
         return start.astype(np.int32, copy=True)
     first_row = np.cumsum(num_new) - num_new
-    return (np.arange(total, dtype=np.int32) + np.repeat(start - first_row, num_new)).astype(np.int32)
+    positions: Int32Array = (np.arange(total, dtype=np.int32) + np.repeat(start - first_row, num_new)).astype(np.int32)
+    return positions
 
 
 def build_step_plan(  # noqa: PLR0913 -- one keyword per metadata array, all required
@@ -219,8 +230,14 @@ def build_step_plan(  # noqa: PLR0913 -- one keyword per metadata array, all req
     """
     kv_len = start + num_new
     arrays: dict[str, NDArray[np.generic]] = {
-        "slots": slots, "start": start, "num_new": num_new, "prompt_len": prompt_len, "samples": samples,
-        "qo_indptr": _indptr(num_new), "kv_indptr": kv_indptr, "kv_indices": kv_indices,
+        "slots": slots,
+        "start": start,
+        "num_new": num_new,
+        "prompt_len": prompt_len,
+        "samples": samples,
+        "qo_indptr": _indptr(num_new),
+        "kv_indptr": kv_indptr,
+        "kv_indices": kv_indices,
         "kv_last_page_len": ((kv_len - 1) % page_size + 1).astype(np.int32),
         "positions": token_positions(start, num_new),
     }

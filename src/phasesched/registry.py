@@ -85,8 +85,10 @@ class Registry(Generic[T]):
             for entry_point in metadata.entry_points(group=self.group):
                 earlier = found.get(entry_point.name)
                 if earlier is not None and earlier.value != entry_point.value:
-                    msg = (f"{self.group} plugin {entry_point.name!r} is provided twice: "
-                           f"{earlier.value} and {entry_point.value}")
+                    msg = (
+                        f"{self.group} plugin {entry_point.name!r} is provided twice: "
+                        f"{earlier.value} and {entry_point.value}"
+                    )
                     raise DuplicateNameError(msg)
                 found[entry_point.name] = entry_point
             self._entry_points = found

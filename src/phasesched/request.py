@@ -81,6 +81,10 @@ def _non_negative_or_none(_: object, attribute: attrs.Attribute[float | None], v
         raise ValueError(msg)
 
 
+def _non_negative(_: object, attribute: attrs.Attribute[float], value: float) -> None:
+    _non_negative_or_none(_, attribute, value)  # type: ignore[arg-type]  # Attribute is invariant
+
+
 @attrs.frozen
 class SLO:
     """Per-request latency objectives (DistServe's goodput definition uses both).
@@ -103,7 +107,7 @@ class SamplingParams:
     recomputed still draws the same tokens.
     """
 
-    temperature: float = attrs.field(default=0.0, validator=_non_negative_or_none)
+    temperature: float = attrs.field(default=0.0, validator=_non_negative)
     top_k: int = attrs.field(default=0, validator=attrs.validators.ge(0))
     top_p: float = attrs.field(default=1.0, validator=[attrs.validators.gt(0.0), attrs.validators.le(1.0)])
     seed: int | None = None
@@ -151,7 +155,7 @@ class Request:
     eos_token_id: int | None = None
     stop_token_ids: frozenset[int] = attrs.field(default=frozenset(), converter=frozenset)
     ignore_eos: bool = False
-    arrival_time: float = attrs.field(default=0.0, validator=_non_negative_or_none)
+    arrival_time: float = attrs.field(default=0.0, validator=_non_negative)
     priority: int = 0
     slo: SLO | None = None
     sampling: SamplingParams = attrs.field(factory=SamplingParams)

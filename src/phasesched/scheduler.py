@@ -27,7 +27,7 @@ from phasesched.errors import (
 from phasesched.executor import StepResult
 from phasesched.kv import PagedKVManager
 from phasesched.plan import StepPlan, build_step_plan
-from phasesched.policies.builder import BatchBuilder
+from phasesched.policies.builder import BatchBuilder, checked_chunk
 from phasesched.policies.chunking import ChunkContext, PrefillCandidate
 from phasesched.policies.policy import SchedulingPolicy
 from phasesched.request import FinishReason, Request, RequestStatus
@@ -131,6 +131,7 @@ class Scheduler:
             DuplicateRequestError: Its id is already held.
             RequestRejectedError: It can never be served (too long for the model or the KV
                 cache, or a prompt the policy could never start).
+            InvalidPlanError: The policy's chunk sizer answered out of range.
 
         """
         if request.request_id in self._seqs:
@@ -178,15 +179,28 @@ class Scheduler:
         if self._in_flight is not None:
             msg = f"plan {self._in_flight.step_id} is still in flight; call update() first"
             raise PlanInFlightError(msg)
-        view = SchedulerView(now=now, budget=self.policy.budget, kv=self.kv, arrays=self._arrays,
-                             running=self._running, waiting=self._waiting, max_model_len=self.config.max_model_len)
+        view = SchedulerView(
+            now=now,
+            budget=self.policy.budget,
+            kv=self.kv,
+            arrays=self._arrays,
+            running=self._running,
+            waiting=self._waiting,
+            max_model_len=self.config.max_model_len,
+        )
         builder = BatchBuilder(view, self.policy.chunker, self.policy.preemption)
-        selection = self.policy.priority.select(view, builder)
+        selection: object = self.policy.priority.select(view, builder)  # a plugin may return anything
         if not isinstance(selection, Selection):
             msg = f"{type(self.policy.priority).__name__}.select returned {type(selection).__name__}, not a Selection"
             raise InvalidPlanError(msg)
-        check_selection(selection, arrays=self._arrays, running=self._running, waiting=self._waiting,
-                        kv=self.kv, budget=self.policy.budget)
+        check_selection(
+            selection,
+            arrays=self._arrays,
+            running=self._running,
+            waiting=self._waiting,
+            kv=self.kv,
+            budget=self.policy.budget,
+        )
         plan = self._commit(selection)
         self._in_flight = plan
         return plan
@@ -209,8 +223,13 @@ class Scheduler:
         new_tokens = np.where(plan.samples, result.token_ids, -1).astype(np.int32)
         done, reasons = self._append_tokens(plan, result)
         finished = self._finish(slots[done], reasons)
-        return StepOutcome(step_id=plan.step_id, request_ids=plan.request_ids, new_token_ids=new_tokens,
-                           finished=finished, duration_s=result.duration_s)
+        return StepOutcome(
+            step_id=plan.step_id,
+            request_ids=plan.request_ids,
+            new_token_ids=new_tokens,
+            finished=finished,
+            duration_s=result.duration_s,
+        )
 
     # ------------------------------------------------------------------ introspection
     @property
@@ -240,8 +259,8 @@ class Scheduler:
 
     def running_request_ids(self) -> list[str]:
         """Running requests, in admission order."""
-        seqs = self._arrays.seqs
-        return [seqs[s].request.request_id for s in self._running.tolist()]  # type: ignore[union-attr]
+        ids = self._arrays.ids
+        return [ids[s] for s in self._running.tolist()]
 
     def waiting_request_ids(self) -> Iterator[str]:
         """Waiting requests in queue order, lazily."""
@@ -284,19 +303,28 @@ class Scheduler:
     def _check_servable(self, request: Request) -> None:
         limit = self.config.max_model_len
         if request.prompt_len > limit:
-            raise RequestRejectedError(request.request_id, f"prompt of {request.prompt_len} tokens exceeds "
-                                       f"max_model_len={limit}")
+            raise RequestRejectedError(
+                request.request_id, f"prompt of {request.prompt_len} tokens exceeds max_model_len={limit}"
+            )
         most_cached = max(request.prompt_len, min(request.max_total_tokens, limit) - 1)
         capacity = self.kv.num_pages - self.kv.watermark_pages
         if self.kv.pages_for(most_cached) > capacity:
-            raise RequestRejectedError(request.request_id, f"it may hold {most_cached} tokens of KV, more than "
-                                       f"the {capacity} usable pages of {self.kv.page_size} tokens")
+            raise RequestRejectedError(
+                request.request_id,
+                f"it may hold {most_cached} tokens of KV, more than "
+                f"the {capacity} usable pages of {self.kv.page_size} tokens",
+            )
         first = PrefillCandidate(request, 0, request.prompt_len, ongoing=False)
-        empty = ChunkContext(self.policy.budget.max_num_batched_tokens, (), np.empty(0, np.int64), np.empty(0, np.int64))
-        if self.policy.chunker.chunk(first, empty) <= 0:
-            raise RequestRejectedError(request.request_id, f"the chunk sizer never starts a prompt of "
-                                       f"{request.prompt_len} tokens under a budget of "
-                                       f"{self.policy.budget.max_num_batched_tokens}")
+        empty = ChunkContext(
+            self.policy.budget.max_num_batched_tokens, (), np.empty(0, np.int64), np.empty(0, np.int64)
+        )
+        if checked_chunk(self.policy.chunker, first, empty) == 0:
+            raise RequestRejectedError(
+                request.request_id,
+                f"the chunk sizer never starts a prompt of "
+                f"{request.prompt_len} tokens under a budget of "
+                f"{self.policy.budget.max_num_batched_tokens}",
+            )
 
     def _commit(self, selection: Selection) -> StepPlan:
         preempted = self._preempt(selection.preempted)
@@ -313,10 +341,18 @@ class Scheduler:
         plan = build_step_plan(
             step_id=self._next_step,
             request_ids=tuple([ids[s] for s in slots.tolist()]),
-            slots=slots, start=start, num_new=num_new, prompt_len=arrays.prompt_len[slots],
-            samples=kv_len == arrays.known[slots], kv_indptr=kv_indptr, kv_indices=kv_indices,
-            page_size=self.kv.page_size, input_ids=self._input_ids(slots, start, num_new),
-            preempted=preempted, new_requests=new_requests, released=self._released,
+            slots=slots,
+            start=start,
+            num_new=num_new,
+            prompt_len=arrays.prompt_len[slots],
+            samples=kv_len == arrays.known[slots],
+            kv_indptr=kv_indptr,
+            kv_indices=kv_indices,
+            page_size=self.kv.page_size,
+            input_ids=self._input_ids(slots, start, num_new),
+            preempted=preempted,
+            new_requests=new_requests,
+            released=self._released,
         )
         self._next_step += 1
         self._released = []
@@ -365,13 +401,16 @@ class Scheduler:
             return None
         feeds_last = (num_new == 1) & (start == arrays.known[slots] - 1)
         if np.all(feeds_last):
-            return arrays.last_token[slots].copy()
+            last: Int32Array = arrays.last_token[slots]
+            return last
         ids = np.empty(int(num_new.sum()), dtype=np.int32)
         row = np.cumsum(num_new) - num_new
         ids[row[feeds_last]] = arrays.last_token[slots[feeds_last]]
         for i in np.flatnonzero(~feeds_last).tolist():
-            tokens = arrays.seqs[int(slots[i])].tokens  # type: ignore[union-attr]
-            assert tokens is not None
+            seq = arrays.seqs[int(slots[i])]
+            assert seq is not None
+            assert seq.tokens is not None
+            tokens = seq.tokens
             ids[row[i] : row[i] + num_new[i]] = tokens[start[i] : start[i] + num_new[i]]
         return ids
 
@@ -391,7 +430,8 @@ class Scheduler:
         seqs = arrays.seqs
         for i in np.flatnonzero(sampled & arrays.has_ids[slots]).tolist():
             seq = seqs[int(slots[i])]
-            assert seq is not None and seq.tokens is not None
+            assert seq is not None
+            assert seq.tokens is not None
             token = int(result.token_ids[i])
             seq.tokens.append(token)
             if token in seq.request.stop_token_ids:
@@ -399,7 +439,13 @@ class Scheduler:
         aborted = arrays.abort_pending[slots]
         done = by_length | by_stop | by_executor | aborted
         reasons = [
-            FinishReason.ABORTED if a else FinishReason.STOP if s else FinishReason.LENGTH if ln else FinishReason.EXECUTOR
+            FinishReason.ABORTED
+            if a
+            else FinishReason.STOP
+            if s
+            else FinishReason.LENGTH
+            if ln
+            else FinishReason.EXECUTOR
             for a, s, ln in zip(aborted[done], by_stop[done], by_length[done], strict=True)
         ]
         return done, reasons
@@ -422,6 +468,12 @@ class Scheduler:
         seq.status = status
         self._released.append(request.request_id)
         outputs = None if seq.tokens is None else tuple(seq.tokens[request.prompt_len :])
-        return FinishedRequest(request_id=request.request_id, status=status, reason=reason,
-                               prompt_len=request.prompt_len, num_generated=seq.num_generated,
-                               output_token_ids=outputs, num_preemptions=seq.num_preemptions)
+        return FinishedRequest(
+            request_id=request.request_id,
+            status=status,
+            reason=reason,
+            prompt_len=request.prompt_len,
+            num_generated=seq.num_generated,
+            output_token_ids=outputs,
+            num_preemptions=seq.num_preemptions,
+        )

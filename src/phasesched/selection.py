@@ -37,6 +37,14 @@ def _int32(values: Sequence[int] | NDArray[np.integer]) -> Int32Array:
     return out
 
 
+def _ids(values: Sequence[str]) -> tuple[str, ...]:
+    return tuple(values)
+
+
+def _ints(values: Sequence[int]) -> tuple[int, ...]:
+    return tuple(values)
+
+
 @attrs.frozen(eq=False)
 class Selection:
     """Which requests run in a step and how many tokens each computes.
@@ -52,9 +60,9 @@ class Selection:
 
     running_slots: Int32Array = attrs.field(converter=_int32)
     running_tokens: Int32Array = attrs.field(converter=_int32)
-    admitted: tuple[str, ...] = attrs.field(default=(), converter=tuple)
-    admitted_tokens: tuple[int, ...] = attrs.field(default=(), converter=tuple)
-    preempted: tuple[int, ...] = attrs.field(default=(), converter=tuple)
+    admitted: tuple[str, ...] = attrs.field(default=(), converter=_ids)
+    admitted_tokens: tuple[int, ...] = attrs.field(default=(), converter=_ints)
+    preempted: tuple[int, ...] = attrs.field(default=(), converter=_ints)
 
     @classmethod
     def empty(cls) -> Selection:
@@ -84,11 +92,14 @@ def check_selection(  # noqa: PLR0913 -- the state a proposal is checked against
     _check_running(slots, tokens, preempted, arrays)
     _check_admitted(selection, waiting)
     num_running = len(running) - len(preempted) + len(selection.admitted)
-    _require(num_running <= budget.max_num_seqs,
-             f"{num_running} running sequences exceed max_num_seqs={budget.max_num_seqs}")
+    _require(
+        num_running <= budget.max_num_seqs, f"{num_running} running sequences exceed max_num_seqs={budget.max_num_seqs}"
+    )
     total = selection.num_tokens
-    _require(total <= budget.max_num_batched_tokens,
-             f"{total} tokens exceed max_num_batched_tokens={budget.max_num_batched_tokens}")
+    _require(
+        total <= budget.max_num_batched_tokens,
+        f"{total} tokens exceed max_num_batched_tokens={budget.max_num_batched_tokens}",
+    )
     _check_pages(selection, preempted.astype(np.int32), arrays, kv)
 
 
@@ -100,8 +111,10 @@ def _require(ok: bool, message: str) -> None:
 def _check_running(slots: Int32Array, tokens: Int32Array, preempted: NDArray[np.int64], arrays: RunningArrays) -> None:
     size = len(arrays.running)
     everyone = np.concatenate([slots, preempted]).astype(np.int64)
-    _require(bool(np.all(everyone < size)) and bool(np.all(arrays.running[everyone])),
-             "a slot in the selection holds no running request")
+    _require(
+        bool(np.all(everyone < size)) and bool(np.all(arrays.running[everyone])),
+        "a slot in the selection holds no running request",
+    )
     _require(len(np.unique(everyone)) == len(everyone), "a running request is scheduled or preempted twice")
     _require(bool(np.all(tokens > 0)), "every scheduled request must compute at least one token")
     left = arrays.known[slots] - arrays.computed[slots]
@@ -114,8 +127,10 @@ def _check_admitted(selection: Selection, waiting: WaitingQueue) -> None:
         seq = waiting.get(request_id)
         _require(seq is not None, f"admitted request {request_id!r} is not waiting")
         assert seq is not None
-        _require(isinstance(num, (int, np.integer)) and 0 < num <= seq.num_tokens,
-                 f"admitted request {request_id!r} given {num} tokens of {seq.num_tokens}")
+        _require(
+            isinstance(num, (int, np.integer)) and 0 < num <= seq.num_tokens,
+            f"admitted request {request_id!r} given {num} tokens of {seq.num_tokens}",
+        )
 
 
 def _check_pages(selection: Selection, preempted: Int32Array, arrays: RunningArrays, kv: PagedKVManager) -> None:

@@ -154,8 +154,7 @@ class RunningArrays:
         if slot < size:
             return
         new = max(2 * size, slot + 1)
-        for name in (*self._INT_FIELDS, "arrival", "priority", "has_ids", "has_stop_set", "running",
-                     "abort_pending"):
+        for name in (*self._INT_FIELDS, "arrival", "priority", "has_ids", "has_stop_set", "running", "abort_pending"):
             old = getattr(self, name)
             grown = np.zeros(new, dtype=old.dtype)
             grown[:size] = old
@@ -198,7 +197,7 @@ class RunningArrays:
 
 
 def _read_only(array: NDArray[Any]) -> NDArray[Any]:
-    view = array.view()
+    view: NDArray[Any] = array.view()
     view.flags.writeable = False
     return view
 

@@ -24,7 +24,7 @@ if TYPE_CHECKING:
     from phasesched.policies.chunking import ChunkSizer
     from phasesched.policies.preemption import PreemptionPolicy
 
-__all__ = ["AddResult", "BatchBuilder"]
+__all__ = ["AddResult", "BatchBuilder", "checked_chunk"]
 
 Int32Array = NDArray[np.int32]
 Int64Array = NDArray[np.int64]
@@ -42,6 +42,25 @@ class AddResult(enum.Enum):
     """Too few KV pages, even after the preemptions the policy allows."""
     DECLINED = "declined"
     """The chunk sizer chose not to run this request in this step."""
+    UNAVAILABLE = "unavailable"
+    """The request is already in the step, or was preempted while building it."""
+
+
+def checked_chunk(chunker: ChunkSizer, candidate: PrefillCandidate, context: ChunkContext) -> int:
+    """Ask ``chunker`` for a slice length and refuse an answer outside ``[0, min(remaining, tokens_left)]``.
+
+    Raises:
+        InvalidPlanError: The chunk sizer (a plugin, perhaps) answered out of range.
+
+    """
+    size = chunker.chunk(candidate, context)
+    if not isinstance(size, (int, np.integer)) or not 0 <= size <= min(candidate.remaining, context.tokens_left):
+        msg = (
+            f"chunk sizer {type(chunker).__name__} returned {size!r} for a prefill with "
+            f"{candidate.remaining} tokens left and {context.tokens_left} in the budget"
+        )
+        raise InvalidPlanError(msg)
+    return int(size)
 
 
 class BatchBuilder:
@@ -68,22 +87,27 @@ class BatchBuilder:
         self._admitted: list[tuple[WaitingCandidate, int]] = []
         running = view.running
         remaining = view.num_tokens[running] - view.num_computed[running]
-        in_prefill = remaining > 1
-        # Unfinished prefills after this step, by slot (running) or id (admitted): remaining tokens.
+        pending = running[remaining > 1]
+        # Unfinished prefills after this step, by slot (running) or id (admitted): tokens left ...
         self._partial: dict[int | str, int] = dict(
-            zip(running[in_prefill].tolist(), remaining[in_prefill].tolist(), strict=True)
+            zip(pending.tolist(), remaining[remaining > 1].tolist(), strict=True)
         )
+        # ... and the pages they still need to finish, which admissions must leave them.
+        outstanding = -(-view.num_tokens[pending] // view.page_size) - view.page_count[pending]
+        self._reserve: dict[int | str, int] = dict(zip(pending.tolist(), outstanding.tolist(), strict=True))
 
     # ---------------------------------------------------------------- candidates
     def running_decodes(self) -> Int32Array:
         """Running requests not yet in the step with exactly one token to compute, in admission order."""
         running = self._untaken_running()
-        return running[self.view.num_tokens[running] - self.view.num_computed[running] == 1]
+        decodes: Int32Array = running[self.view.num_tokens[running] - self.view.num_computed[running] == 1]
+        return decodes
 
     def running_prefills(self) -> Int32Array:
         """Running requests not yet in the step with a prefill under way, in admission order."""
         running = self._untaken_running()
-        return running[self.view.num_tokens[running] - self.view.num_computed[running] > 1]
+        prefills: Int32Array = running[self.view.num_tokens[running] - self.view.num_computed[running] > 1]
+        return prefills
 
     @property
     def has_prefill(self) -> bool:
@@ -91,7 +115,9 @@ class BatchBuilder:
         if self._admitted:
             return True
         computed, prompt = self.view.num_computed, self.view.prompt_len
-        return any(bool(np.any((t > 1) | (computed[s] < prompt[s]))) for s, t in zip(self._slots, self._tokens, strict=True))
+        return any(
+            bool(np.any((t > 1) | (computed[s] < prompt[s]))) for s, t in zip(self._slots, self._tokens, strict=True)
+        )
 
     @property
     def num_scheduled(self) -> int:
@@ -104,25 +130,30 @@ class BatchBuilder:
         slots = self.running_decodes()
         return self.add_running(slots, np.ones(len(slots), dtype=np.int64))
 
-    def add_running(self, slots: Int32Array, num_new: NDArray[np.integer]) -> int:
+    def add_running(self, slots: Int32Array, num_new: Int64Array) -> int:
         """Add running requests in order while the budget allows; preempt when pages bind.
+
+        Slots already in the step, or preempted while building it, are skipped.
 
         Returns:
             How many of ``slots`` were added (a prefix, less any preempted on the way).
 
         """
-        slots, num_new = np.asarray(slots, dtype=np.int32), np.asarray(num_new, dtype=np.int64)
+        slots = np.asarray(slots, dtype=np.int32)
+        num_new = np.asarray(num_new, dtype=np.int64)
+        fresh = ~self._taken[slots]
+        slots, num_new = slots[fresh], num_new[fresh]
         added = 0
         while len(slots):
             pages = self.view.pages_to_grow(slots, num_new)
             fit_tokens = int(np.searchsorted(np.cumsum(num_new), self.tokens_left, side="right"))
             fit_pages = int(np.searchsorted(np.cumsum(pages), self.pages_left, side="right"))
             k = min(fit_tokens, fit_pages)
-            self._take(slots[:k], num_new[:k], int(pages[:k].sum()))
+            self._take(slots[:k], num_new[:k], pages[:k])
             added += k
             if k == len(slots) or fit_tokens <= fit_pages:
                 break
-            victim = self._victim(self._untaken_running())
+            victim = self._victim(self._preemptible())
             if victim is None:
                 break
             self.preempt(victim)
@@ -132,9 +163,12 @@ class BatchBuilder:
 
     def add_prefill_chunk(self, slot: int) -> AddResult:
         """Add the next chunk of a running request's prefill, sized by the chunk sizer."""
+        if self._taken[slot]:
+            return AddResult.UNAVAILABLE
         view = self.view
-        candidate = PrefillCandidate(view.request(slot), int(view.num_computed[slot]),
-                                     int(view.num_tokens[slot]), ongoing=True)
+        candidate = PrefillCandidate(
+            view.request(slot), int(view.num_computed[slot]), int(view.num_tokens[slot]), ongoing=True
+        )
         size = self._chunk(candidate, exclude=slot)
         if size == 0:
             return AddResult.NO_TOKENS if self.tokens_left == 0 else AddResult.DECLINED
@@ -142,7 +176,13 @@ class BatchBuilder:
         return AddResult.ADDED if added else AddResult.NO_PAGES
 
     def admit(self, candidate: WaitingCandidate, num_new: int | None = None) -> AddResult:
-        """Admit a waiting request with its first slice (sized by the chunk sizer unless given)."""
+        """Admit a waiting request with its first slice (sized by the chunk sizer unless given).
+
+        Pages are allocated chunk by chunk, but admission requires room for the request's
+        *whole* prefill beyond the watermark and what ongoing prefills still need (vLLM V0's
+        rule). Admitting on the first chunk alone lets a prompt start that can only finish by
+        preempting others, which under prefill-first can livelock.
+        """
         if self.tokens_left <= 0:
             return AddResult.NO_TOKENS
         if self.seq_room <= 0 and not self._preempt_for(candidate):
@@ -154,28 +194,37 @@ class BatchBuilder:
         if not 0 < size <= min(candidate.num_tokens, self.tokens_left):
             msg = f"cannot admit {candidate.request_id!r} with {size} tokens"
             raise InvalidPlanError(msg)
-        pages = self.view.pages_for(size)
-        while pages > self.pages_left - self.view.watermark_pages:
+        whole = self.view.pages_for(candidate.num_tokens)
+        while whole > self.pages_left - self.view.watermark_pages - sum(self._reserve.values()):
             if not self._preempt_for(candidate):
                 return AddResult.NO_PAGES
+        pages = self.view.pages_for(size)
         self._admitted.append((candidate, size))
         self.tokens_left -= size
         self.seq_room -= 1
         self.pages_left -= pages
         if size < candidate.num_tokens:
             self._partial[candidate.request_id] = candidate.num_tokens
+            self._reserve[candidate.request_id] = whole - pages
         return AddResult.ADDED
 
     def preempt(self, slot: int) -> None:
-        """Evict a running request not yet in the step, returning its pages and sequence room."""
-        if self._taken[slot] or not np.any(self.view.running == slot):
-            msg = f"slot {slot} is not a running request outside the step"
+        """Evict a running request, returning its pages and sequence room.
+
+        A request already added to the step is taken out of it first and its tokens refunded,
+        as vLLM does when its victim was scheduled earlier in the same step.
+        """
+        if slot in self._preempted or not np.any(self.view.running == slot):
+            msg = f"slot {slot} is not a running request that can be preempted"
             raise InvalidPlanError(msg)
+        if self._taken[slot]:
+            self._unschedule(slot)
         self._taken[slot] = True
         self._preempted.append(slot)
         self.pages_left += self.view.freed_by_preempting(np.array([slot], np.int32))
         self.seq_room += 1
         self._partial.pop(slot, None)
+        self._reserve.pop(slot, None)
 
     def make_room_for_waiting(self) -> int:
         """Preempt running requests that the best waiting ones outrank, before anything is scheduled.
@@ -212,22 +261,42 @@ class BatchBuilder:
         )
 
     # ---------------------------------------------------------------- internals
-    def _take(self, slots: Int32Array, num_new: Int64Array, pages: int) -> None:
+    def _take(self, slots: Int32Array, num_new: Int64Array, pages: Int64Array) -> None:
         if not len(slots):
             return
         self._slots.append(slots)
         self._tokens.append(num_new)
         self._taken[slots] = True
         self.tokens_left -= int(num_new.sum())
-        self.pages_left -= pages
+        self.pages_left -= int(pages.sum())
         if self._partial:
-            for slot, n in zip(slots.tolist(), num_new.tolist(), strict=True):
-                if slot in self._partial and n >= self._partial[slot]:
-                    del self._partial[slot]
+            for slot, n, p in zip(slots.tolist(), num_new.tolist(), pages.tolist(), strict=True):
+                if slot in self._partial:
+                    self._reserve[slot] -= p
+                    if n >= self._partial[slot]:
+                        del self._partial[slot], self._reserve[slot]
+
+    def _unschedule(self, slot: int) -> None:
+        for i, (slots, tokens) in enumerate(zip(self._slots, self._tokens, strict=True)):
+            hit = np.flatnonzero(slots == slot)
+            if len(hit):
+                num_new = tokens[hit[:1]]
+                self.tokens_left += int(num_new[0])
+                self.pages_left += int(self.view.pages_to_grow(slots[hit[:1]], num_new)[0])
+                self._slots[i], self._tokens[i] = np.delete(slots, hit[0]), np.delete(tokens, hit[0])
+                return
+
+    def _preemptible(self) -> Int32Array:
+        running = self.view.running
+        if not self._preempted:
+            return running
+        alive: Int32Array = running[~np.isin(running, self._preempted)]
+        return alive
 
     def _untaken_running(self) -> Int32Array:
         running = self.view.running
-        return running[~self._taken[running]]
+        untaken: Int32Array = running[~self._taken[running]]
+        return untaken
 
     def _victim(self, candidates: Int32Array) -> int | None:
         if not len(candidates):
@@ -237,7 +306,7 @@ class BatchBuilder:
     def _preempt_for(self, candidate: WaitingCandidate) -> bool:
         if not self.preemption.preempt_for_waiting:
             return False
-        running = self._untaken_running()
+        running = self._preemptible()
         outranked = running[self.view.priority[running] > candidate.request.priority]
         victim = self._victim(outranked)
         if victim is None:
@@ -252,18 +321,15 @@ class BatchBuilder:
             batch_num_new=self._batch_num_new(),
             batch_kv_len=self._batch_kv_len(),
         )
-        size = self.chunker.chunk(candidate, context)
-        if not isinstance(size, (int, np.integer)) or not 0 <= size <= min(candidate.remaining, self.tokens_left):
-            msg = (f"chunk sizer {type(self.chunker).__name__} returned {size!r} for a prefill with "
-                   f"{candidate.remaining} tokens left and {self.tokens_left} in the budget")
-            raise InvalidPlanError(msg)
-        return int(size)
+        return checked_chunk(self.chunker, candidate, context)
 
     def _batch_num_new(self) -> Int64Array:
         admitted = np.array([n for _, n in self._admitted], dtype=np.int64)
         return np.concatenate([*self._tokens, admitted])
 
     def _batch_kv_len(self) -> Int64Array:
-        running = [self.view.num_computed[s].astype(np.int64) + t for s, t in zip(self._slots, self._tokens, strict=True)]
+        running = [
+            self.view.num_computed[s].astype(np.int64) + t for s, t in zip(self._slots, self._tokens, strict=True)
+        ]
         admitted = np.array([n for _, n in self._admitted], dtype=np.int64)
         return np.concatenate([*running, admitted])

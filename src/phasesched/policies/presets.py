@@ -91,7 +91,9 @@ def sarathi(options: PolicyOptions) -> SchedulingPolicy:
     ``chunk_size`` sets both the chunk and the budget, as in the paper.
     """
     size = options.chunk_size or 512
-    return SchedulingPolicy(name="sarathi", budget=options.budget(size), chunker=FixedChunk(size), priority=DecodeFirst())
+    return SchedulingPolicy(
+        name="sarathi", budget=options.budget(size), chunker=FixedChunk(size), priority=DecodeFirst()
+    )
 
 
 def sarathi_slo(options: PolicyOptions) -> SchedulingPolicy:
@@ -144,5 +146,9 @@ def trtllm_equal_progress(options: PolicyOptions) -> SchedulingPolicy:
     recompute.
     """
     unit = options.chunk_size or 64
-    return SchedulingPolicy(name="trtllm-equal-progress", budget=options.budget(8192),
-                            chunker=FixedChunk(unit), priority=EqualProgress(unit=unit))
+    return SchedulingPolicy(
+        name="trtllm-equal-progress",
+        budget=options.budget(8192),
+        chunker=FixedChunk(unit),
+        priority=EqualProgress(unit=unit),
+    )

@@ -117,7 +117,7 @@ class EqualProgress:
         for slot, share in zip(ongoing.tolist(), shares, strict=False):
             if share:
                 builder.add_running(np.array([slot], np.int32), np.array([share], np.int64))
-        for candidate, share in zip(waiting, shares[len(ongoing):], strict=True):
+        for candidate, share in zip(waiting, shares[len(ongoing) :], strict=True):
             if share and builder.admit(candidate, share) in (AddResult.NO_SEQS, AddResult.NO_TOKENS):
                 break
         return builder.build()
