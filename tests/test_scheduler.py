@@ -236,7 +236,7 @@ CORRUPTIONS = {
     "not a selection": (lambda view, s: {"slots": [0]}, "not a Selection"),
     "too many pages": (lambda view, s: attrs.evolve(s, admitted=("w", "f"), admitted_tokens=(4, 4)), "KV pages"),
     "too many seqs": (lambda view, s: attrs.evolve(s, admitted=("w",), admitted_tokens=(1,)), "max_num_seqs"),
-    "negative slot": (lambda view, s: attrs.evolve(s, running_slots=s.running_slots - 100), "non-negative"),
+    "negative slot": (lambda view, s: attrs.evolve(s, running_slots=s.running_slots - 100), "no running request"),
 }
 
 

@@ -26,7 +26,7 @@ def _int32_array(value: object) -> NDArray[np.int32]:
     if array.dtype.kind not in "iu":
         msg = f"token_ids must be integers, got dtype {array.dtype}"
         raise InvalidResultError(msg)
-    out = array.astype(np.int32)
+    out: NDArray[np.int32] = array.astype(np.int32)  # a copy, which the result then owns
     out.flags.writeable = False
     return out
 
@@ -74,7 +74,7 @@ class StepResult:
         if self.finished is not None and self.finished.shape != (plan.batch_size,):
             msg = f"finished has shape {self.finished.shape}, the plan has {plan.batch_size} slices"
             raise InvalidResultError(msg)
-        if np.any(self.token_ids[plan.samples] < 0):
+        if np.count_nonzero(self.token_ids[plan.samples] < 0):
             msg = "a slice that samples was given a negative token id"
             raise InvalidResultError(msg)
         if self.duration_s is not None and not (np.isfinite(self.duration_s) and self.duration_s >= 0):

@@ -66,6 +66,7 @@ class PagedKVManager:
         self._count = np.zeros(8, dtype=np.int32)
         self._open = np.zeros(8, dtype=bool)
         self._free_slots: list[int] = list(range(7, -1, -1))
+        self._count_view = _read_only(self._count)
 
     # ---------------------------------------------------------------- queries
     @property
@@ -115,7 +116,7 @@ class PagedKVManager:
     @property
     def page_counts(self) -> Int32Array:
         """Pages per slot (read-only; closed slots read 0)."""
-        return _read_only(self._count)
+        return self._count_view
 
     @property
     def refcounts(self) -> Int32Array:
@@ -140,15 +141,16 @@ class PagedKVManager:
 
         """
         indptr = np.zeros(len(slots) + 1, dtype=np.int32)
-        np.cumsum(num_pages, out=indptr[1:])
+        np.add.accumulate(num_pages, out=indptr[1:])
         total = int(indptr[-1])
         if total == 0:
             return indptr, np.empty(0, dtype=np.int32)
+        # Address each wanted entry of the flattened table directly: its row's start, plus its
+        # column (its rank within the slot's run). Cheaper than masking a padded copy of the rows.
         width = self._table.shape[1]
-        # Flat offset of each wanted entry: row start, plus its column within the row.
         row_start = np.repeat(slots.astype(np.int64) * width - indptr[:-1], num_pages)
-        flat = row_start + np.arange(total, dtype=np.int64)
-        return indptr, self._table.ravel()[flat]
+        indices: Int32Array = self._table.ravel()[row_start + np.arange(total, dtype=np.int64)]
+        return indptr, indices
 
     # ---------------------------------------------------------------- commits
     def open(self) -> int:
@@ -176,13 +178,22 @@ class PagedKVManager:
         here because this is the per-step hot path).
         """
         need = np.maximum(-(-num_tokens.astype(np.int64) // self.page_size) - self._count[slots], 0)
-        total = int(need.sum())
+        self.extend_many(slots, need)
+
+    def extend_many(self, slots: Int32Array, num_pages: NDArray[np.int64]) -> None:
+        """Append ``num_pages[i]`` pages to table ``slots[i]``, for distinct open slots; all or nothing.
+
+        Raises:
+            OutOfPagesError: Too few free pages; nothing was allocated.
+
+        """
+        total = int(num_pages.sum())
         if total == 0:
             return
         if total > self._num_free:
             raise OutOfPagesError(total, self._num_free)
-        growing = need > 0
-        slots, need = slots[growing], need[growing]
+        growing = num_pages > 0
+        slots, need = slots[growing], num_pages[growing]
         new_counts = self._count[slots] + need
         self._ensure_width(int(new_counts.max()))
         top = self._num_free
@@ -269,6 +280,7 @@ class PagedKVManager:
         old = len(self._open)
         self._table = np.vstack([self._table, np.full_like(self._table, _NO_PAGE)])
         self._count = np.concatenate([self._count, np.zeros(old, dtype=np.int32)])
+        self._count_view = _read_only(self._count)
         self._open = np.concatenate([self._open, np.zeros(old, dtype=bool)])
         self._free_slots.extend(range(2 * old - 1, old - 1, -1))
 

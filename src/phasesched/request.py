@@ -119,7 +119,7 @@ class SamplingParams:
 
 
 def _token_tuple(value: Sequence[int] | None) -> tuple[int, ...] | None:
-    return None if value is None else tuple(int(t) for t in value)
+    return None if value is None else tuple(map(int, value))
 
 
 @attrs.frozen

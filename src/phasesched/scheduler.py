@@ -26,17 +26,22 @@ from phasesched.errors import (
 )
 from phasesched.executor import StepResult
 from phasesched.kv import PagedKVManager
-from phasesched.plan import StepPlan, build_step_plan
+from phasesched.plan import StepPlan, build_step_plan, token_positions
 from phasesched.policies.builder import BatchBuilder, checked_chunk
 from phasesched.policies.chunking import ChunkContext, PrefillCandidate
 from phasesched.policies.policy import SchedulingPolicy
 from phasesched.request import FinishReason, Request, RequestStatus
-from phasesched.selection import Selection, check_selection
+from phasesched.selection import CheckedSelection, Selection, check_selection
 from phasesched.state import RunningArrays, SchedulerView, SequenceState, WaitingQueue
 
 __all__ = ["FinishedRequest", "Scheduler", "SchedulerConfig", "StepOutcome"]
 
 Int32Array = NDArray[np.int32]
+
+
+def _frozen(array: Int32Array) -> Int32Array:
+    array.flags.writeable = False
+    return array
 
 
 @attrs.frozen
@@ -116,7 +121,7 @@ class Scheduler:
         self.policy = policy or SchedulingPolicy(name="default")
         self.kv = PagedKVManager(config.num_pages, config.page_size, watermark=config.watermark)
         self._arrays = RunningArrays()
-        self._running: Int32Array = np.empty(0, dtype=np.int32)
+        self._running: Int32Array = _frozen(np.empty(0, dtype=np.int32))  # admission order
         self._waiting = WaitingQueue()
         self._seqs: dict[str, SequenceState] = {}
         self._in_flight: StepPlan | None = None
@@ -138,8 +143,8 @@ class Scheduler:
             msg = f"request {request.request_id!r} is already in the scheduler"
             raise DuplicateRequestError(msg)
         self._check_servable(request)
-        tokens = list(request.prompt_token_ids) if request.prompt_token_ids is not None else None
-        seq = SequenceState(request, self.policy.queue_order.key(request), tokens=tokens)
+        outputs: list[int] | None = [] if request.has_token_ids else None
+        seq = SequenceState(request, self.policy.queue_order.key(request), outputs=outputs)
         self._seqs[request.request_id] = seq
         self._waiting.push(seq)
 
@@ -193,7 +198,7 @@ class Scheduler:
         if not isinstance(selection, Selection):
             msg = f"{type(self.policy.priority).__name__}.select returned {type(selection).__name__}, not a Selection"
             raise InvalidPlanError(msg)
-        check_selection(
+        checked = check_selection(
             selection,
             arrays=self._arrays,
             running=self._running,
@@ -201,7 +206,7 @@ class Scheduler:
             kv=self.kv,
             budget=self.policy.budget,
         )
-        plan = self._commit(selection)
+        plan = self._commit(checked)
         self._in_flight = plan
         return plan
 
@@ -218,11 +223,10 @@ class Scheduler:
             raise InvalidResultError(msg)
         result.check_against(plan)
         self._in_flight = None
-        arrays, slots = self._arrays, plan.slots
-        arrays.computed[slots] += plan.num_new
+        self._arrays.computed[plan.slots] = plan.kv_len
         new_tokens = np.where(plan.samples, result.token_ids, -1).astype(np.int32)
-        done, reasons = self._append_tokens(plan, result)
-        finished = self._finish(slots[done], reasons)
+        done, reasons = self._record_tokens(plan, result)
+        finished = self._finish(plan.slots[done], reasons) if len(reasons) else ()
         return StepOutcome(
             step_id=plan.step_id,
             request_ids=plan.request_ids,
@@ -259,8 +263,8 @@ class Scheduler:
 
     def running_request_ids(self) -> list[str]:
         """Running requests, in admission order."""
-        ids = self._arrays.ids
-        return [ids[s] for s in self._running.tolist()]
+        ids: list[str] = self._arrays.ids[self._running].tolist()
+        return ids
 
     def waiting_request_ids(self) -> Iterator[str]:
         """Waiting requests in queue order, lazily."""
@@ -326,30 +330,34 @@ class Scheduler:
                 f"{self.policy.budget.max_num_batched_tokens}",
             )
 
-    def _commit(self, selection: Selection) -> StepPlan:
+    def _commit(self, checked: CheckedSelection) -> StepPlan:
+        selection, arrays = checked.selection, self._arrays
         preempted = self._preempt(selection.preempted)
-        admitted_slots, new_requests = self._admit(selection.admitted)
-        arrays = self._arrays
-        slots = np.concatenate([selection.running_slots, admitted_slots]).astype(np.int32)
-        num_new = np.concatenate([selection.running_tokens, np.asarray(selection.admitted_tokens, np.int32)])
-        num_new = num_new.astype(np.int32)
-        start = arrays.computed[slots]
+        slots, start, known, num_new = selection.running_slots, checked.start, checked.known, selection.running_tokens
+        self.kv.extend_many(slots, checked.new_pages)
+        new_requests: list[Request] = []
+        if selection.admitted:
+            admitted, new_requests = self._admit(selection.admitted)
+            admitted_tokens = np.asarray(selection.admitted_tokens, dtype=np.int32)
+            self.kv.grow_many(admitted, admitted_tokens)
+            slots = np.concatenate([slots, admitted])
+            start = np.concatenate([start, np.zeros(len(admitted), np.int32)])
+            known = np.concatenate([known, arrays.known[admitted]])
+            num_new = np.concatenate([num_new, admitted_tokens])
         kv_len = start + num_new
-        self.kv.grow_many(slots, kv_len)
-        kv_indptr, kv_indices = self.kv.gather(slots, -(-kv_len // self.kv.page_size))
-        ids = arrays.ids
+        kv_indptr, kv_indices = self.kv.gather(slots, self.kv.page_counts[slots])
         plan = build_step_plan(
             step_id=self._next_step,
-            request_ids=tuple([ids[s] for s in slots.tolist()]),
+            request_ids=tuple(arrays.ids[slots].tolist()),
             slots=slots,
             start=start,
             num_new=num_new,
             prompt_len=arrays.prompt_len[slots],
-            samples=kv_len == arrays.known[slots],
+            samples=kv_len == known,
             kv_indptr=kv_indptr,
             kv_indices=kv_indices,
             page_size=self.kv.page_size,
-            input_ids=self._input_ids(slots, start, num_new),
+            input_ids=self._input_ids(slots, start, num_new, known),
             preempted=preempted,
             new_requests=new_requests,
             released=self._released,
@@ -362,7 +370,7 @@ class Scheduler:
         if not victims:
             return []
         slots = np.asarray(victims, dtype=np.int32)
-        seqs = [self._arrays.seqs[s] for s in victims]
+        seqs: list[SequenceState] = self._arrays.seqs[slots].tolist()
         self._retire(slots)
         ids = []
         for seq in seqs:
@@ -385,7 +393,7 @@ class Scheduler:
             slots[i] = slot
             requests.append(seq.request)
         if len(slots):
-            self._running = np.concatenate([self._running, slots])
+            self._running = _frozen(np.concatenate([self._running, slots]))
         return slots, requests
 
     def _retire(self, slots: Int32Array) -> None:
@@ -393,67 +401,63 @@ class Scheduler:
         arrays = self._arrays
         self.kv.close_many(slots)
         arrays.unload(slots)
-        self._running = self._running[arrays.running[self._running]]
+        self._running = _frozen(self._running[arrays.running[self._running]])
 
-    def _input_ids(self, slots: Int32Array, start: Int32Array, num_new: Int32Array) -> Int32Array | None:
+    def _input_ids(
+        self, slots: Int32Array, start: Int32Array, num_new: Int32Array, known: Int32Array
+    ) -> Int32Array | None:
         arrays = self._arrays
-        if not len(slots) or not np.all(arrays.has_ids[slots]):
+        if not len(slots) or np.count_nonzero(arrays.has_ids[slots]) < len(slots):
             return None
-        feeds_last = (num_new == 1) & (start == arrays.known[slots] - 1)
-        if np.all(feeds_last):
-            last: Int32Array = arrays.last_token[slots]
+        if len(slots) == int(num_new.sum()) and np.array_equal(start, known - 1):
+            last: Int32Array = arrays.last_token[slots]  # all decodes: each feeds its last token
             return last
-        ids = np.empty(int(num_new.sum()), dtype=np.int32)
-        row = np.cumsum(num_new) - num_new
-        ids[row[feeds_last]] = arrays.last_token[slots[feeds_last]]
-        for i in np.flatnonzero(~feeds_last).tolist():
-            seq = arrays.seqs[int(slots[i])]
-            assert seq is not None
-            assert seq.tokens is not None
-            tokens = seq.tokens
-            ids[row[i] : row[i] + num_new[i]] = tokens[start[i] : start[i] + num_new[i]]
-        return ids
+        return arrays.tokens.gather(np.repeat(slots, num_new), token_positions(start, num_new))
 
-    def _append_tokens(self, plan: StepPlan, result: StepResult) -> tuple[NDArray[np.bool_], list[FinishReason]]:
+    def _record_tokens(self, plan: StepPlan, result: StepResult) -> tuple[NDArray[np.bool_], list[FinishReason]]:
         """Record sampled tokens; return which slices finish, and why, in slice order."""
-        arrays, slots = self._arrays, plan.slots
-        sampled = plan.samples
+        arrays, slots, sampled = self._arrays, plan.slots, plan.samples
         s_slots, s_tokens = slots[sampled], result.token_ids[sampled]
-        arrays.known[s_slots] += 1
-        arrays.generated[s_slots] += 1
+        known = arrays.known[s_slots] + 1
+        arrays.known[s_slots] = known
         arrays.last_token[s_slots] = s_tokens
         by_length = np.zeros(len(slots), dtype=bool)
-        by_length[sampled] = arrays.known[s_slots] >= arrays.max_known[s_slots]
+        by_length[sampled] = known >= arrays.max_known[s_slots]
         by_stop = np.zeros(len(slots), dtype=bool)
         by_stop[sampled] = s_tokens == arrays.eos[s_slots]
-        by_executor = np.zeros(len(slots), dtype=bool) if result.finished is None else result.finished
-        seqs = arrays.seqs
-        for i in np.flatnonzero(sampled & arrays.has_ids[slots]).tolist():
-            seq = seqs[int(slots[i])]
-            assert seq is not None
-            assert seq.tokens is not None
-            token = int(result.token_ids[i])
-            seq.tokens.append(token)
-            if token in seq.request.stop_token_ids:
-                by_stop[i] = True
-        aborted = arrays.abort_pending[slots]
-        done = by_length | by_stop | by_executor | aborted
+        self._append_token_ids(s_slots, s_tokens, known)
+        stop_sets = np.flatnonzero(sampled & arrays.has_stop_set[slots])
+        for i in stop_sets.tolist():
+            by_stop[i] |= int(result.token_ids[i]) in arrays.stop_sets[int(slots[i])]
+        done = by_length | by_stop | arrays.abort_pending[slots]
+        if result.finished is not None:
+            done |= result.finished
+        if not np.count_nonzero(done):
+            return done, []
+        aborted = arrays.abort_pending[slots[done]]
         reasons = [
             FinishReason.ABORTED
             if a
             else FinishReason.STOP
             if s
             else FinishReason.LENGTH
-            if ln
+            if n
             else FinishReason.EXECUTOR
-            for a, s, ln in zip(aborted[done], by_stop[done], by_length[done], strict=True)
+            for a, s, n in zip(aborted.tolist(), by_stop[done].tolist(), by_length[done].tolist(), strict=True)
         ]
         return done, reasons
+
+    def _append_token_ids(self, slots: Int32Array, tokens: Int32Array, known: Int32Array) -> None:
+        """Store each sampled token at its position (requests without ids have no row)."""
+        with_ids = self._arrays.has_ids[slots]
+        if np.count_nonzero(with_ids) < len(slots):
+            slots, tokens, known = slots[with_ids], tokens[with_ids], known[with_ids]
+        self._arrays.tokens.write(slots, known - 1, tokens)
 
     def _finish(self, slots: Int32Array, reasons: list[FinishReason]) -> tuple[FinishedRequest, ...]:
         if not len(slots):
             return ()
-        seqs = [self._arrays.seqs[s] for s in slots.tolist()]
+        seqs: list[SequenceState] = self._arrays.seqs[slots].tolist()
         self._retire(slots)
         records = []
         for seq, reason in zip(seqs, reasons, strict=True):
@@ -467,7 +471,7 @@ class Scheduler:
         del self._seqs[request.request_id]
         seq.status = status
         self._released.append(request.request_id)
-        outputs = None if seq.tokens is None else tuple(seq.tokens[request.prompt_len :])
+        outputs = None if seq.outputs is None else tuple(seq.outputs)
         return FinishedRequest(
             request_id=request.request_id,
             status=status,

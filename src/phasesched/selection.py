@@ -19,20 +19,22 @@ from phasesched.kv import PagedKVManager
 from phasesched.policies.budget import TokenBudget
 from phasesched.state import RunningArrays, WaitingQueue
 
-__all__ = ["Selection", "check_selection"]
+__all__ = ["CheckedSelection", "Selection", "check_selection"]
 
 Int32Array = NDArray[np.int32]
 
 
 def _int32(values: Sequence[int] | NDArray[np.integer]) -> Int32Array:
-    array = np.asarray(values, dtype=np.int64)
-    if array.ndim != 1:
-        msg = f"expected a 1-D array of ints, got shape {array.shape}"
+    array = np.asarray(values)
+    if array.ndim != 1 or (array.dtype.kind not in "iu" and len(array)):
+        msg = f"expected a 1-D array of ints, got shape {array.shape} and dtype {array.dtype}"
         raise InvalidPlanError(msg)
-    if len(array) and (array.min() < 0 or array.max() > np.iinfo(np.int32).max):
-        msg = "slots and token counts must be non-negative int32 values"
-        raise InvalidPlanError(msg)
-    out = array.astype(np.int32)
+    if array.dtype != np.int32:
+        if len(array) and int(array.max()) > np.iinfo(np.int32).max:
+            msg = "slots and token counts must fit in int32"
+            raise InvalidPlanError(msg)
+        array = array.astype(np.int32)
+    out: Int32Array = array.view()
     out.flags.writeable = False
     return out
 
@@ -75,6 +77,26 @@ class Selection:
         return int(self.running_tokens.sum()) + sum(self.admitted_tokens)
 
 
+@attrs.frozen(eq=False)
+class CheckedSelection:
+    """A selection that passed :func:`check_selection`, with the per-slot facts it looked up.
+
+    The commit reuses them rather than gathering the same arrays again.
+
+    Attributes:
+        selection: The checked selection.
+        start: int32 ``[R]``: tokens in each scheduled running request's cache.
+        known: int32 ``[R]``: tokens known for each of them.
+        new_pages: int64 ``[R]``: KV pages each of them needs for this step.
+
+    """
+
+    selection: Selection
+    start: Int32Array
+    known: Int32Array
+    new_pages: NDArray[np.int64]
+
+
 def check_selection(  # noqa: PLR0913 -- the state a proposal is checked against, passed explicitly
     selection: Selection,
     *,
@@ -83,15 +105,21 @@ def check_selection(  # noqa: PLR0913 -- the state a proposal is checked against
     waiting: WaitingQueue,
     kv: PagedKVManager,
     budget: TokenBudget,
-) -> None:
+) -> CheckedSelection:
     """Raise :class:`InvalidPlanError` unless ``selection`` can be committed as it stands."""
     slots, tokens = selection.running_slots, selection.running_tokens
-    preempted = np.asarray(selection.preempted, dtype=np.int64)
     _require(len(slots) == len(tokens), "running_slots and running_tokens differ in length")
     _require(len(selection.admitted) == len(selection.admitted_tokens), "admitted and admitted_tokens differ in length")
-    _check_running(slots, tokens, preempted, arrays)
-    _check_admitted(selection, waiting)
-    num_running = len(running) - len(preempted) + len(selection.admitted)
+    _check_slots(slots, selection.preempted, arrays)
+    start, known = arrays.computed[slots], arrays.known[slots]
+    if len(tokens):
+        _require(int(tokens.min()) > 0, "every scheduled request must compute at least one token")
+        _require(
+            not np.count_nonzero(tokens > known - start), "a request is given more tokens than it has left to compute"
+        )
+    if selection.admitted:
+        _check_admitted(selection, waiting)
+    num_running = len(running) - len(selection.preempted) + len(selection.admitted)
     _require(
         num_running <= budget.max_num_seqs, f"{num_running} running sequences exceed max_num_seqs={budget.max_num_seqs}"
     )
@@ -100,7 +128,10 @@ def check_selection(  # noqa: PLR0913 -- the state a proposal is checked against
         total <= budget.max_num_batched_tokens,
         f"{total} tokens exceed max_num_batched_tokens={budget.max_num_batched_tokens}",
     )
-    _check_pages(selection, preempted.astype(np.int32), arrays, kv)
+    size = kv.page_size
+    new_pages = ((start + (tokens + (size - 1))) // size - kv.page_counts[slots]).astype(np.int64)
+    _check_pages(int(new_pages.sum()), selection, kv)
+    return CheckedSelection(selection, start, known, new_pages)
 
 
 def _require(ok: bool, message: str) -> None:
@@ -108,17 +139,18 @@ def _require(ok: bool, message: str) -> None:
         raise InvalidPlanError(message)
 
 
-def _check_running(slots: Int32Array, tokens: Int32Array, preempted: NDArray[np.int64], arrays: RunningArrays) -> None:
+def _check_slots(slots: Int32Array, preempted: tuple[int, ...], arrays: RunningArrays) -> None:
+    everyone = np.concatenate([slots, np.asarray(preempted, dtype=np.int32)]) if preempted else slots
+    if not len(everyone):
+        return
     size = len(arrays.running)
-    everyone = np.concatenate([slots, preempted]).astype(np.int64)
     _require(
-        bool(np.all(everyone < size)) and bool(np.all(arrays.running[everyone])),
+        int(everyone.min()) >= 0 and int(everyone.max()) < size and bool(arrays.running[everyone].all()),
         "a slot in the selection holds no running request",
     )
-    _require(len(np.unique(everyone)) == len(everyone), "a running request is scheduled or preempted twice")
-    _require(bool(np.all(tokens > 0)), "every scheduled request must compute at least one token")
-    left = arrays.known[slots] - arrays.computed[slots]
-    _require(bool(np.all(tokens <= left)), "a request is given more tokens than it has left to compute")
+    seen = np.zeros(size, dtype=bool)
+    seen[everyone] = True
+    _require(np.count_nonzero(seen) == len(everyone), "a running request is scheduled or preempted twice")
 
 
 def _check_admitted(selection: Selection, waiting: WaitingQueue) -> None:
@@ -133,11 +165,9 @@ def _check_admitted(selection: Selection, waiting: WaitingQueue) -> None:
         )
 
 
-def _check_pages(selection: Selection, preempted: Int32Array, arrays: RunningArrays, kv: PagedKVManager) -> None:
-    slots = selection.running_slots
-    after = arrays.computed[slots].astype(np.int64) + selection.running_tokens
-    grow = np.maximum(-(-after // kv.page_size) - kv.page_counts[slots], 0)
-    admit = sum(kv.pages_for(int(n)) for n in selection.admitted_tokens)
-    need = int(grow.sum()) + admit
-    available = kv.num_free_pages + kv.freed_by_closing(preempted)
+def _check_pages(running_pages: int, selection: Selection, kv: PagedKVManager) -> None:
+    need = running_pages + sum(kv.pages_for(int(n)) for n in selection.admitted_tokens)
+    if need <= kv.num_free_pages:
+        return
+    available = kv.num_free_pages + kv.freed_by_closing(np.asarray(selection.preempted, dtype=np.int32))
     _require(need <= available, f"the step needs {need} KV pages, {available} would be free")

@@ -11,7 +11,7 @@ from __future__ import annotations
 import heapq
 import itertools
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import attrs
 import numpy as np
@@ -36,8 +36,9 @@ class SequenceState:
     request: Request
     queue_key: Any
     status: RequestStatus = RequestStatus.WAITING
-    tokens: list[int] | None = None
-    """Prompt plus generated token ids, when the request carries ids."""
+    outputs: list[int] | None = None
+    """Generated token ids, for requests that carry ids (synced from the token buffer when it
+    stops running; while it runs, the buffer is authoritative)."""
     num_generated: int = 0
     num_preemptions: int = 0
     slot: int = -1
@@ -122,31 +123,116 @@ class WaitingQueue:
             heapq.heapify(self._heap)
 
 
-class RunningArrays:
-    """Per-slot state of running requests, as parallel numpy arrays that grow on demand."""
+class TokenBuffer:
+    """Token ids of running requests, one row per slot, as vLLM's input batch keeps them.
 
-    _INT_FIELDS = ("computed", "known", "prompt_len", "max_known", "generated", "last_token", "eos")
+    Recording a step's sampled tokens is one scatter, and a step's input ids one gather, instead
+    of a Python loop over per-request lists. Rows and columns grow by doubling as needed.
+    """
+
+    def __init__(self) -> None:
+        self.ids = np.zeros((8, 64), dtype=np.int32)
+
+    def load(self, slot: int, prompt: tuple[int, ...], outputs: list[int]) -> None:
+        """Write a request's prompt and generated tokens into row ``slot``."""
+        length = len(prompt) + len(outputs)
+        self._ensure(slot + 1, length)
+        row = self.ids[slot]
+        row[: len(prompt)] = prompt
+        row[len(prompt) : length] = outputs
+
+    def write(self, slots: Int32Array, positions: Int32Array, tokens: Int32Array) -> None:
+        """Store ``tokens[i]`` at position ``positions[i]`` of row ``slots[i]``."""
+        if len(slots):
+            self._ensure(int(slots.max()) + 1, int(positions.max()) + 1)
+            self.ids[slots, positions] = tokens
+
+    def gather(self, rows: Int32Array, positions: Int32Array) -> Int32Array:
+        """The tokens at ``positions[i]`` of row ``rows[i]``."""
+        tokens: Int32Array = self.ids[rows, positions]
+        return tokens
+
+    def row(self, slot: int, start: int, stop: int) -> list[int]:
+        """Tokens ``start .. stop - 1`` of row ``slot``, as a list."""
+        tokens: list[int] = self.ids[slot, start:stop].tolist()
+        return tokens
+
+    def _ensure(self, rows: int, columns: int) -> None:
+        height, width = self.ids.shape
+        if rows <= height and columns <= width:
+            return
+        while height < rows:
+            height *= 2
+        while width < columns:
+            width *= 2
+        grown = np.zeros((height, width), dtype=np.int32)
+        grown[: self.ids.shape[0], : self.ids.shape[1]] = self.ids
+        self.ids = grown
+
+
+class RunningArrays:
+    """Per-slot state of running requests, as parallel numpy arrays that grow on demand.
+
+    Python objects (the request's state, its id, its token list, its stop set) sit in object
+    arrays so that a batch of slots can fetch them with one fancy index instead of a loop.
+    """
+
+    _NUMERIC: ClassVar[dict[str, tuple[type[np.generic], object]]] = {
+        "computed": (np.int32, 0),
+        "known": (np.int32, 0),
+        "prompt_len": (np.int32, 0),
+        "max_known": (np.int32, 0),
+        "last_token": (np.int32, _NO_TOKEN),
+        "eos": (np.int32, _NO_TOKEN),
+        "arrival": (np.float64, 0.0),
+        "priority": (np.int64, 0),
+        "has_ids": (np.bool_, False),
+        "has_stop_set": (np.bool_, False),
+        "running": (np.bool_, False),
+        "abort_pending": (np.bool_, False),
+    }
+    _OBJECTS: ClassVar[tuple[str, ...]] = ("seqs", "ids", "stop_sets")
 
     def __init__(self, capacity: int = 64) -> None:
-        self.computed = np.zeros(capacity, dtype=np.int32)
+        self.computed: Int32Array
         """Tokens already in the KV cache."""
-        self.known = np.zeros(capacity, dtype=np.int32)
+        self.known: Int32Array
         """Tokens known (prompt plus generated)."""
-        self.prompt_len = np.zeros(capacity, dtype=np.int32)
-        self.max_known = np.zeros(capacity, dtype=np.int32)
+        self.prompt_len: Int32Array
+        self.max_known: Int32Array
         """Known tokens at which generation stops for length (prompt + max_new, capped by the model)."""
-        self.generated = np.zeros(capacity, dtype=np.int32)
-        self.last_token = np.full(capacity, _NO_TOKEN, dtype=np.int32)
-        self.eos = np.full(capacity, _NO_TOKEN, dtype=np.int32)
-        self.arrival = np.zeros(capacity, dtype=np.float64)
-        self.priority = np.zeros(capacity, dtype=np.int64)
-        self.has_ids = np.zeros(capacity, dtype=bool)
-        self.has_stop_set = np.zeros(capacity, dtype=bool)
-        self.running = np.zeros(capacity, dtype=bool)
-        self.abort_pending = np.zeros(capacity, dtype=bool)
+        self.last_token: Int32Array
+        self.eos: Int32Array
+        self.arrival: NDArray[np.float64]
+        self.priority: NDArray[np.int64]
+        self.has_ids: NDArray[np.bool_]
+        self.has_stop_set: NDArray[np.bool_]
+        self.running: NDArray[np.bool_]
+        self.abort_pending: NDArray[np.bool_]
         """Aborted while its plan was in flight: retired when that plan's result arrives."""
-        self.seqs: list[SequenceState | None] = [None] * capacity
-        self.ids: list[str] = [""] * capacity
+        self.seqs: NDArray[np.object_]
+        self.ids: NDArray[np.object_]
+        self.stop_sets: NDArray[np.object_]
+        self.tokens = TokenBuffer()
+        """Token ids of slots whose requests carry ids."""
+        for name, (dtype, fill) in self._NUMERIC.items():
+            setattr(self, name, np.full(capacity, fill, dtype=dtype))
+        for name in self._OBJECTS:
+            setattr(self, name, np.full(capacity, None, dtype=object))
+        self._views: dict[str, NDArray[Any]] = {}
+
+    def read_only(self, name: str) -> NDArray[Any]:
+        """A read-only view of array ``name``, made once per array (policies get these)."""
+        view = self._views.get(name)
+        if view is None:
+            view = self._views[name] = _read_only(getattr(self, name))
+        return view
+
+    @property
+    def generated(self) -> Int32Array:
+        """Tokens each slot has generated (derived: known minus prompt)."""
+        generated: Int32Array = self.known - self.prompt_len
+        return generated
 
     def ensure(self, slot: int) -> None:
         """Grow every array so ``slot`` is a valid index."""
@@ -154,15 +240,15 @@ class RunningArrays:
         if slot < size:
             return
         new = max(2 * size, slot + 1)
-        for name in (*self._INT_FIELDS, "arrival", "priority", "has_ids", "has_stop_set", "running", "abort_pending"):
-            old = getattr(self, name)
-            grown = np.zeros(new, dtype=old.dtype)
-            grown[:size] = old
-            if name in ("last_token", "eos"):
-                grown[size:] = _NO_TOKEN
+        self._views.clear()
+        for name, (dtype, fill) in self._NUMERIC.items():
+            grown: NDArray[Any] = np.full(new, fill, dtype=dtype)
+            grown[:size] = getattr(self, name)
             setattr(self, name, grown)
-        self.seqs.extend([None] * (new - size))
-        self.ids.extend([""] * (new - size))
+        for name in self._OBJECTS:
+            grown = np.full(new, None, dtype=object)
+            grown[:size] = getattr(self, name)
+            setattr(self, name, grown)
 
     def load(self, slot: int, seq: SequenceState, max_model_len: int) -> None:
         """Fill ``slot`` for a request starting (or restarting) from zero computed tokens."""
@@ -172,28 +258,35 @@ class RunningArrays:
         self.known[slot] = seq.num_tokens
         self.prompt_len[slot] = request.prompt_len
         self.max_known[slot] = min(request.max_total_tokens, max_model_len)
-        self.generated[slot] = seq.num_generated
-        self.last_token[slot] = seq.tokens[-1] if seq.tokens else _NO_TOKEN
+        prompt, outputs = request.prompt_token_ids, seq.outputs
+        if prompt is not None and outputs is not None:
+            self.tokens.load(slot, prompt, outputs)
+            self.last_token[slot] = outputs[-1] if outputs else prompt[-1]
+        else:
+            self.last_token[slot] = _NO_TOKEN
         eos = request.eos_token_id
         self.eos[slot] = _NO_TOKEN if eos is None or request.ignore_eos else eos
         self.arrival[slot] = request.arrival_time
         self.priority[slot] = request.priority
-        self.has_ids[slot] = seq.tokens is not None
+        self.has_ids[slot] = prompt is not None
         self.has_stop_set[slot] = bool(request.stop_token_ids)
         self.running[slot] = True
         self.abort_pending[slot] = False
         self.seqs[slot] = seq
         self.ids[slot] = request.request_id
+        self.stop_sets[slot] = request.stop_token_ids
 
     def unload(self, slots: Int32Array) -> None:
         """Mark ``slots`` as no longer running, copying their progress back to their requests."""
         self.running[slots] = False
-        for slot, generated in zip(slots.tolist(), self.generated[slots].tolist(), strict=True):
-            seq = self.seqs[slot]
-            assert seq is not None
-            seq.num_generated = generated
+        generated = self.generated[slots].tolist()
+        for slot, seq, count in zip(slots.tolist(), self.seqs[slots].tolist(), generated, strict=True):
+            if seq.outputs is not None:
+                prompt_len = seq.request.prompt_len
+                seq.outputs = self.tokens.row(slot, prompt_len, prompt_len + count)
+            seq.num_generated = count
             seq.slot = -1
-            self.seqs[slot] = None
+        self.seqs[slots] = None
 
 
 def _read_only(array: NDArray[Any]) -> NDArray[Any]:
@@ -216,7 +309,6 @@ class SchedulerView:
         num_computed: int32 tokens in each slot's cache.
         num_tokens: int32 tokens known for each slot.
         prompt_len: int32 prompt length of each slot.
-        num_generated: int32 generated tokens of each slot.
         arrival_time: float64 arrival time of each slot.
         priority: int64 priority of each slot (lower is more important).
         page_count: int32 KV pages held by each slot.
@@ -240,17 +332,21 @@ class SchedulerView:
         self.free_pages = kv.num_free_pages
         self.watermark_pages = kv.watermark_pages
         self.max_model_len = max_model_len
-        self.running = _read_only(running)
-        self.num_computed = _read_only(arrays.computed)
-        self.num_tokens = _read_only(arrays.known)
-        self.prompt_len = _read_only(arrays.prompt_len)
-        self.num_generated = _read_only(arrays.generated)
-        self.arrival_time = _read_only(arrays.arrival)
-        self.priority = _read_only(arrays.priority)
+        self.running = running if not running.flags.writeable else _read_only(running)
+        self.num_computed: Int32Array = arrays.read_only("computed")
+        self.num_tokens: Int32Array = arrays.read_only("known")
+        self.prompt_len: Int32Array = arrays.read_only("prompt_len")
+        self.arrival_time: NDArray[np.float64] = arrays.read_only("arrival")
+        self.priority: NDArray[np.int64] = arrays.read_only("priority")
         self.page_count = kv.page_counts
         self._kv = kv
         self._arrays = arrays
         self._waiting = waiting
+
+    @property
+    def num_generated(self) -> Int32Array:
+        """int32 generated tokens of each slot (computed on demand)."""
+        return self._arrays.generated
 
     @property
     def num_waiting(self) -> int:
@@ -259,7 +355,7 @@ class SchedulerView:
 
     def request(self, slot: int) -> Request:
         """The request running in ``slot``."""
-        seq = self._arrays.seqs[slot]
+        seq: SequenceState | None = self._arrays.seqs[slot]
         if seq is None:
             msg = f"slot {slot} holds no running request"
             raise KeyError(msg)
@@ -276,8 +372,12 @@ class SchedulerView:
 
     def pages_to_grow(self, slots: Int32Array, num_new: NDArray[np.integer[Any]]) -> NDArray[np.int64]:
         """Pages each slot needs to compute ``num_new`` more tokens."""
-        total = self.num_computed[slots].astype(np.int64) + num_new
-        return np.maximum(-(-total // self.page_size) - self.page_count[slots], 0)
+        # Running requests hold exactly ceil(computed / page_size) pages between steps, so this
+        # is never negative.
+        size = self.page_size
+        grow: NDArray[np.int64] = (self.num_computed[slots] + (num_new + (size - 1))) // size
+        grow -= self.page_count[slots]
+        return grow
 
     def pages_for(self, num_tokens: int) -> int:
         """Pages that ``num_tokens`` tokens occupy."""

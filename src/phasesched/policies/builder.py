@@ -10,7 +10,8 @@ the scheduler checks before committing.
 from __future__ import annotations
 
 import enum
-from typing import TYPE_CHECKING
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from numpy.typing import NDArray
@@ -63,6 +64,12 @@ def checked_chunk(chunker: ChunkSizer, candidate: PrefillCandidate, context: Chu
     return int(size)
 
 
+def _joined(parts: Sequence[NDArray[np.integer[Any]]], dtype: type[np.int32]) -> NDArray[np.int32]:
+    if len(parts) == 1:
+        return parts[0].astype(dtype, copy=False)
+    return np.concatenate(parts).astype(dtype, copy=False) if parts else np.empty(0, dtype)
+
+
 class BatchBuilder:
     """Accumulates one step's selection. See the module docstring.
 
@@ -81,33 +88,34 @@ class BatchBuilder:
         self.seq_room = view.budget.max_num_seqs - len(view.running)
         self.pages_left = view.free_pages
         self._taken = np.zeros(len(view.num_computed), dtype=bool)  # scheduled or preempted
+        self._any_taken = False
         self._slots: list[Int32Array] = []
         self._tokens: list[Int64Array] = []
         self._preempted: list[int] = []
         self._admitted: list[tuple[WaitingCandidate, int]] = []
         running = view.running
-        remaining = view.num_tokens[running] - view.num_computed[running]
-        pending = running[remaining > 1]
+        self._remaining = view.num_tokens[running] - view.num_computed[running]  # in running order
+        in_prefill = self._remaining > 1
         # Unfinished prefills after this step, by slot (running) or id (admitted): tokens left ...
-        self._partial: dict[int | str, int] = dict(
-            zip(pending.tolist(), remaining[remaining > 1].tolist(), strict=True)
-        )
+        self._partial: dict[int | str, int] = {}
         # ... and the pages they still need to finish, which admissions must leave them.
-        outstanding = -(-view.num_tokens[pending] // view.page_size) - view.page_count[pending]
-        self._reserve: dict[int | str, int] = dict(zip(pending.tolist(), outstanding.tolist(), strict=True))
+        self._reserve: dict[int | str, int] = {}
+        if np.count_nonzero(in_prefill):
+            pending = running[in_prefill]
+            outstanding = -(-view.num_tokens[pending] // view.page_size) - view.page_count[pending]
+            self._partial = dict(zip(pending.tolist(), self._remaining[in_prefill].tolist(), strict=True))
+            self._reserve = dict(zip(pending.tolist(), outstanding.tolist(), strict=True))
 
     # ---------------------------------------------------------------- candidates
     def running_decodes(self) -> Int32Array:
         """Running requests not yet in the step with exactly one token to compute, in admission order."""
-        running = self._untaken_running()
-        decodes: Int32Array = running[self.view.num_tokens[running] - self.view.num_computed[running] == 1]
-        return decodes
+        decodes: Int32Array = self.view.running[self._remaining == 1]
+        return self._untaken(decodes)
 
     def running_prefills(self) -> Int32Array:
         """Running requests not yet in the step with a prefill under way, in admission order."""
-        running = self._untaken_running()
-        prefills: Int32Array = running[self.view.num_tokens[running] - self.view.num_computed[running] > 1]
-        return prefills
+        prefills: Int32Array = self.view.running[self._remaining > 1]
+        return self._untaken(prefills)
 
     @property
     def has_prefill(self) -> bool:
@@ -128,7 +136,7 @@ class BatchBuilder:
     def add_decodes(self) -> int:
         """Add every decode-ready running request that fits, in admission order; return how many."""
         slots = self.running_decodes()
-        return self.add_running(slots, np.ones(len(slots), dtype=np.int64))
+        return self.add_running(slots, np.ones(len(slots), dtype=np.int32))
 
     def add_running(self, slots: Int32Array, num_new: Int64Array) -> int:
         """Add running requests in order while the budget allows; preempt when pages bind.
@@ -141,15 +149,20 @@ class BatchBuilder:
         """
         slots = np.asarray(slots, dtype=np.int32)
         num_new = np.asarray(num_new, dtype=np.int64)
-        fresh = ~self._taken[slots]
-        slots, num_new = slots[fresh], num_new[fresh]
+        if self._any_taken:
+            fresh = ~self._taken[slots]
+            slots, num_new = slots[fresh], num_new[fresh]
         added = 0
         while len(slots):
             pages = self.view.pages_to_grow(slots, num_new)
+            total_tokens, total_pages = int(num_new.sum()), int(pages.sum())
+            if total_tokens <= self.tokens_left and total_pages <= self.pages_left:
+                self._take(slots, num_new, pages, total_tokens, total_pages)  # all fit: the steady state
+                return added + len(slots)
             fit_tokens = int(np.searchsorted(np.cumsum(num_new), self.tokens_left, side="right"))
             fit_pages = int(np.searchsorted(np.cumsum(pages), self.pages_left, side="right"))
             k = min(fit_tokens, fit_pages)
-            self._take(slots[:k], num_new[:k], pages[:k])
+            self._take(slots[:k], num_new[:k], pages[:k], int(num_new[:k].sum()), int(pages[:k].sum()))
             added += k
             if k == len(slots) or fit_tokens <= fit_pages:
                 break
@@ -220,6 +233,7 @@ class BatchBuilder:
         if self._taken[slot]:
             self._unschedule(slot)
         self._taken[slot] = True
+        self._any_taken = True
         self._preempted.append(slot)
         self.pages_left += self.view.freed_by_preempting(np.array([slot], np.int32))
         self.seq_room += 1
@@ -250,8 +264,8 @@ class BatchBuilder:
 
     def build(self) -> Selection:
         """The selection accumulated so far."""
-        slots = np.concatenate(self._slots) if self._slots else np.empty(0, np.int32)
-        tokens = np.concatenate(self._tokens) if self._tokens else np.empty(0, np.int64)
+        slots = _joined(self._slots, np.int32)
+        tokens = _joined(self._tokens, np.int32)
         return Selection(
             running_slots=slots,
             running_tokens=tokens,
@@ -261,14 +275,15 @@ class BatchBuilder:
         )
 
     # ---------------------------------------------------------------- internals
-    def _take(self, slots: Int32Array, num_new: Int64Array, pages: Int64Array) -> None:
+    def _take(self, slots: Int32Array, num_new: Int64Array, pages: Int64Array, tokens: int, total_pages: int) -> None:
         if not len(slots):
             return
         self._slots.append(slots)
         self._tokens.append(num_new)
         self._taken[slots] = True
-        self.tokens_left -= int(num_new.sum())
-        self.pages_left -= int(pages.sum())
+        self._any_taken = True
+        self.tokens_left -= tokens
+        self.pages_left -= total_pages
         if self._partial:
             for slot, n, p in zip(slots.tolist(), num_new.tolist(), pages.tolist(), strict=True):
                 if slot in self._partial:
@@ -294,8 +309,12 @@ class BatchBuilder:
         return alive
 
     def _untaken_running(self) -> Int32Array:
-        running = self.view.running
-        untaken: Int32Array = running[~self._taken[running]]
+        return self._untaken(self.view.running)
+
+    def _untaken(self, slots: Int32Array) -> Int32Array:
+        if not self._any_taken:
+            return slots
+        untaken: Int32Array = slots[~self._taken[slots]]
         return untaken
 
     def _victim(self, candidates: Int32Array) -> int | None:

@@ -1,0 +1,179 @@
+"""CPU cost of the scheduler per model step: ``schedule()`` and ``update()``, in thread time.
+
+Cases (mirroring ``shared/peers/vllm_sched``, which drives vLLM's V1 scheduler the same way):
+
+* ``decode-N``: N requests with 512-token prompts all decoding (one token each per step);
+* ``mixed-256+16K``: 256 decodes while a 16K-token prompt is chunked beside them;
+* ``waiting-100K``: 256 decodes running while 100,000 requests wait (the sequence cap binds).
+
+Requests carry token ids, as an engine's do, so ``update()`` records every sampled token. The
+executor is :class:`phasesched.DeterministicExecutor`, outside the timed region.
+
+Usage::
+
+    python benchmarks/scheduler_overhead.py [--ns 16,64,256,1024,4096] [--steps 200] [--json out.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+
+from phasesched import DeterministicExecutor, PolicyOptions, Request, Scheduler, SchedulerConfig, load_policy
+
+PROMPT = 512
+LONG_PROMPT = 16 * 1024
+PAGE = 16
+
+# vLLM 0.32 V1 scheduler on a 2-core machine of this kind, median CPU us per step
+# (schedule + update_from_output), from shared/peers/vllm_sched/README.md.
+VLLM_REFERENCE_US = {16: 178 + 76, 64: 648 + 285, 256: 2604 + 1266, 1024: 12666 + 6176, "mixed-256+16K": 4850 + 1900}
+
+
+def make_scheduler(num_running: int, extra_tokens: int = 0) -> Scheduler:
+    """A scheduler sized so nothing is ever preempted."""
+    tokens = num_running * (PROMPT + 1024) + extra_tokens
+    config = SchedulerConfig(num_pages=tokens // PAGE + 1024, page_size=PAGE, max_model_len=32 * 1024)
+    options = PolicyOptions(max_num_seqs=max(num_running, 1), max_num_batched_tokens=max(8192, num_running))
+    return Scheduler(config, load_policy("vllm", options))
+
+
+def add_decoders(scheduler: Scheduler, count: int, prefix: str = "d") -> None:
+    """Add ``count`` requests and run them until every one is decoding."""
+    executor = DeterministicExecutor()
+    for i in range(count):
+        scheduler.add_request(Request(f"{prefix}{i}", prompt_token_ids=list(range(PROMPT)), max_new_tokens=100_000))
+    while True:
+        plan = scheduler.schedule()
+        scheduler.update(plan, executor.execute(plan))
+        if plan.num_prefill_tokens == 0 and plan.batch_size == count:
+            return
+
+
+def timed_steps(
+    scheduler: Scheduler, steps: int, keep: Callable[[object], bool] | None = None
+) -> dict[str, list[float]]:
+    """Thread-CPU microseconds of schedule() and update() over ``steps`` steps."""
+    executor = DeterministicExecutor()
+    sched_us: list[float] = []
+    update_us: list[float] = []
+    gc.collect()
+    gc.freeze()
+    for _ in range(steps):
+        t0 = time.thread_time_ns()
+        plan = scheduler.schedule()
+        t1 = time.thread_time_ns()
+        result = executor.execute(plan)
+        t2 = time.thread_time_ns()
+        scheduler.update(plan, result)
+        t3 = time.thread_time_ns()
+        if keep is None or keep(plan):
+            sched_us.append((t1 - t0) / 1e3)
+            update_us.append((t3 - t2) / 1e3)
+    gc.unfreeze()
+    return {"schedule": sched_us, "update": update_us}
+
+
+def summarize(name: str, running: int, samples: dict[str, list[float]]) -> dict[str, object]:
+    """Median / p99 per verb, and the per-running-request cost of a whole step."""
+    row: dict[str, object] = {"case": name, "running": running, "steps": len(samples["schedule"])}
+    for verb, values in samples.items():
+        row[f"{verb}_median_us"] = statistics.median(values)
+        row[f"{verb}_p99_us"] = float(np.percentile(values, 99))
+    total = float(row["schedule_median_us"]) + float(row["update_median_us"])  # type: ignore[arg-type]
+    row["step_median_us"] = total
+    row["us_per_running_request"] = total / running
+    key: object = running if name.startswith("decode") else name
+    reference = VLLM_REFERENCE_US.get(key)  # type: ignore[call-overload]
+    row["vllm_reference_us"] = reference
+    row["vllm_over_phasesched"] = None if reference is None else reference / total
+    return row
+
+
+def quietest(rounds: list[dict[str, list[float]]]) -> dict[str, list[float]]:
+    """The round whose median step was cheapest: the one least disturbed by other load."""
+    return min(rounds, key=lambda r: statistics.median(r["schedule"]) + statistics.median(r["update"]))
+
+
+def decode_case(n: int, steps: int, rounds: int) -> dict[str, object]:
+    scheduler = make_scheduler(n)
+    add_decoders(scheduler, n)
+    return summarize(f"decode-{n}", n, quietest([timed_steps(scheduler, steps) for _ in range(rounds)]))
+
+
+def mixed_case(steps: int) -> dict[str, object]:
+    scheduler = make_scheduler(256, extra_tokens=LONG_PROMPT * 4)
+    add_decoders(scheduler, 256)
+    samples: dict[str, list[float]] = {"schedule": [], "update": []}
+    executor = DeterministicExecutor()
+    round_ = 0
+    while len(samples["schedule"]) < steps:
+        scheduler.add_request(Request(f"long{round_}", prompt_token_ids=list(range(LONG_PROMPT)), max_new_tokens=1))
+        chunk = timed_steps(scheduler, 3, keep=lambda plan: plan.num_prefill_tokens > 0)  # type: ignore[attr-defined]
+        samples["schedule"] += chunk["schedule"]
+        samples["update"] += chunk["update"]
+        while f"long{round_}" in scheduler.running_request_ids():  # let it finish before the next one
+            plan = scheduler.schedule()
+            scheduler.update(plan, executor.execute(plan))
+        round_ += 1
+    return summarize("mixed-256+16K", 257, samples)
+
+
+def waiting_case(steps: int, rounds: int, waiting: int = 100_000) -> dict[str, object]:
+    scheduler = make_scheduler(256)
+    add_decoders(scheduler, 256)
+    prompt = tuple(range(PROMPT))
+    for i in range(waiting):
+        scheduler.add_request(Request(f"w{i}", prompt_token_ids=prompt, max_new_tokens=16))
+    samples = quietest([timed_steps(scheduler, steps) for _ in range(rounds)])
+    return summarize(f"waiting-{waiting // 1000}K+256", 256, samples)
+
+
+def print_table(rows: list[dict[str, object]]) -> None:
+    header = (
+        f"{'case':<18}{'running':>8}{'sched p50':>11}{'sched p99':>11}{'upd p50':>10}{'upd p99':>10}"
+        f"{'us/req':>9}{'vLLM us':>10}{'vLLM/ours':>11}"
+    )
+    print(header)
+    print("-" * len(header))
+    for r in rows:
+        ref = r["vllm_reference_us"]
+        ratio = r["vllm_over_phasesched"]
+        print(
+            f"{r['case']:<18}{r['running']:>8}{r['schedule_median_us']:>11.1f}{r['schedule_p99_us']:>11.1f}"
+            f"{r['update_median_us']:>10.1f}{r['update_p99_us']:>10.1f}{r['us_per_running_request']:>9.2f}"
+            f"{'-' if ref is None else ref:>10}{'-' if ratio is None else f'{ratio:.1f}x':>11}"
+        )
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--ns", default="16,64,256,1024,4096", help="running-request counts for decode-N")
+    parser.add_argument("--steps", type=int, default=100, help="timed steps per round")
+    parser.add_argument("--rounds", type=int, default=5, help="rounds per case; the quietest is reported")
+    parser.add_argument("--skip-mixed", action="store_true")
+    parser.add_argument("--skip-waiting", action="store_true")
+    parser.add_argument("--json", metavar="PATH", help="also write the rows as JSON")
+    args = parser.parse_args(argv)
+    rows = [decode_case(int(n), args.steps, args.rounds) for n in args.ns.split(",")]
+    if not args.skip_mixed:
+        rows.append(mixed_case(max(args.steps // 4, 10)))
+    if not args.skip_waiting:
+        rows.append(waiting_case(args.steps, args.rounds))
+    print_table(rows)
+    if args.json:
+        with Path(args.json).open("w", encoding="utf-8") as handle:
+            json.dump({"python": sys.version, "rows": rows}, handle, indent=2)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
