@@ -11,7 +11,7 @@ from typing import Protocol, runtime_checkable
 import numpy as np
 from numpy.typing import NDArray
 
-__all__ = ["CostModel"]
+__all__ = ["CostModel", "DecodeFastForward", "decode_step_times"]
 
 
 @runtime_checkable
@@ -32,3 +32,48 @@ class CostModel(Protocol):
 
         """
         ...
+
+
+@runtime_checkable
+class DecodeFastForward(Protocol):
+    """A cost model that prices a run of pure-decode steps in one call.
+
+    Between two events a batch of decodes keeps its composition and only its contexts grow,
+    so a simulator can advance ``k`` steps at once. The answer must equal pricing the steps
+    one by one (to float precision): :func:`decode_step_times` falls back to that loop.
+    """
+
+    def decode_step_times(self, kv_len: NDArray[np.integer], num_steps: int) -> NDArray[np.float64]:
+        """Durations of ``num_steps`` consecutive decode steps of the same ``B`` sequences.
+
+        Args:
+            kv_len: int ``[B]``: each sequence's context after the *first* of the steps.
+            num_steps: Steps to price; step ``j`` has contexts ``kv_len + j``.
+
+        Returns:
+            float64 ``[num_steps]``: seconds per step, ``step_time(ones(B), kv_len + j)``.
+
+        """
+        ...
+
+
+def decode_step_times(model: CostModel, kv_len: NDArray[np.integer], num_steps: int) -> NDArray[np.float64]:
+    """Price ``num_steps`` pure-decode steps, in one call where ``model`` offers the fast path.
+
+    Args:
+        model: Any cost model; one that is also a :class:`DecodeFastForward` is asked directly.
+        kv_len: int ``[B]``: contexts after the first step.
+        num_steps: Steps to price (``>= 0``).
+
+    Returns:
+        float64 ``[num_steps]``: the duration of step ``j``, whose contexts are ``kv_len + j``.
+
+    """
+    if num_steps < 0:
+        msg = f"num_steps must be non-negative, got {num_steps}"
+        raise ValueError(msg)
+    if isinstance(model, DecodeFastForward):
+        return np.asarray(model.decode_step_times(kv_len, num_steps), dtype=np.float64)
+    contexts = np.asarray(kv_len, dtype=np.int64)
+    ones = np.ones_like(contexts)
+    return np.array([model.step_time(ones, contexts + j) for j in range(num_steps)], dtype=np.float64)
