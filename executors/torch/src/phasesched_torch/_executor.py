@@ -1,0 +1,271 @@
+"""The executor: phasesched's ``execute(plan) -> StepResult`` over the reference Llama model.
+
+Per step it checks the plan against the cache (a bad page id would otherwise be a CUDA
+device-side assert that kills the process), derives the step's tensors once
+(:meth:`TorchExecutor.prepare`), runs one forward over the whole ragged batch, and samples one
+token per slice whose ``plan.samples`` is set. Everything it knows about requests comes from the
+plan: sampling parameters from ``plan.new_requests``, dropped on ``plan.released``.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+from os import PathLike
+from typing import Any
+
+import attrs
+import numpy as np
+import torch
+
+from phasesched import StepPlan, StepResult
+from phasesched.errors import UnknownNameError
+from phasesched_torch._attention import plan_paged_attention
+from phasesched_torch._config import LlamaConfig
+from phasesched_torch._errors import PlanNotExecutableError
+from phasesched_torch._kv_cache import kv_write_slots
+from phasesched_torch._model import ForwardBatch, LlamaModel
+from phasesched_torch._rope import rope_angles
+from phasesched_torch._sampling import RequestSampler
+
+__all__ = ["StepLogits", "TorchExecutor", "create_executor"]
+
+_DTYPES: Mapping[str, torch.dtype] = {
+    "float32": torch.float32, "fp32": torch.float32, "float": torch.float32,
+    "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
+    "float16": torch.float16, "fp16": torch.float16, "half": torch.float16,
+}
+
+
+@attrs.frozen(eq=False)
+class StepLogits:
+    """The logits behind one step's sampled tokens, for tests and debugging.
+
+    Attributes:
+        step_id: The plan's step id.
+        request_ids: ``S`` request ids: the sampling slices, in batch order.
+        logits: float32 ``[S, vocab_size]``: the last query row's logits of each.
+
+    """
+
+    step_id: int
+    request_ids: tuple[str, ...]
+    logits: torch.Tensor
+
+    def of(self, request_id: str) -> torch.Tensor:
+        """float32 ``[vocab_size]``: the logits that chose ``request_id``'s token.
+
+        Raises:
+            KeyError: The request did not sample in this step.
+
+        """
+        if request_id not in self.request_ids:
+            msg = f"request {request_id!r} did not sample in step {self.step_id}"
+            raise KeyError(msg)
+        return self.logits[self.request_ids.index(request_id)]
+
+
+class TorchExecutor:
+    """Runs step plans on a :class:`LlamaModel` with a paged KV cache it owns.
+
+    Args:
+        model: The model (its device and dtype are the cache's).
+        num_pages: Pages in the cache; must be at least the scheduler's ``num_pages``.
+        page_size: Tokens per page; must equal the scheduler's.
+        seed: Seeds draws for unseeded, non-greedy requests.
+
+    Attributes:
+        model: The model.
+        kv_cache: Per layer, float ``[num_pages, 2, page_size, num_kv_heads, head_dim]`` (NHD).
+        sampler: Per-request sampling state.
+
+    >>> from phasesched import Request, Scheduler, SchedulerConfig
+    >>> executor = create_executor(model="tiny", num_pages=16, page_size=4)
+    >>> scheduler = Scheduler(SchedulerConfig(num_pages=16, page_size=4))
+    >>> scheduler.add_request(Request("r", prompt_token_ids=[5, 6, 7], max_new_tokens=2))
+    >>> plan = scheduler.schedule()
+    >>> result = executor.execute(plan)
+    >>> result.token_ids.shape, result.duration_s > 0
+    ((1,), True)
+
+    """
+
+    def __init__(self, model: LlamaModel, *, num_pages: int, page_size: int = 16, seed: int = 0) -> None:
+        if num_pages <= 0 or page_size <= 0:
+            msg = f"num_pages and page_size must be positive, got {num_pages} and {page_size}"
+            raise ValueError(msg)
+        self.model = model
+        self.num_pages = num_pages
+        self.page_size = page_size
+        self.kv_cache = model.new_kv_cache(num_pages, page_size)
+        self.sampler = RequestSampler(seed)
+        self._last_logits: StepLogits | None = None
+
+    @property
+    def last_logits(self) -> StepLogits | None:
+        """The logits of the most recent non-empty step (no rows if none of its slices sampled), or ``None``."""
+        return self._last_logits
+
+    def execute(self, plan: StepPlan) -> StepResult:
+        """Run ``plan``: write its tokens' KV, attend, sample.
+
+        ``duration_s`` is measured wall time from the step's first tensor transfer to its
+        sampled tokens on the host (after ``torch.cuda.synchronize`` on CUDA).
+
+        Returns:
+            The result: int32 ``token_ids`` ``[B]``, -1 for slices that do not sample.
+
+        Raises:
+            PlanNotExecutableError: The plan cannot run on this executor; nothing ran.
+
+        """
+        self.check_plan(plan)
+        self.sampler.track(plan)
+        if plan.is_empty:
+            return StepResult(step_id=plan.step_id, token_ids=np.empty(0, np.int32), duration_s=0.0)
+        start = time.perf_counter()
+        with torch.inference_mode():
+            logits = self.model.forward(self.prepare(plan), self.kv_cache)
+            sampling = np.flatnonzero(plan.samples)
+            request_ids = tuple(plan.request_ids[i] for i in sampling.tolist())
+            tokens = self.sampler.sample(logits, request_ids, plan.kv_len[sampling].tolist())
+            token_ids = np.full(plan.batch_size, -1, dtype=np.int32)
+            token_ids[sampling] = tokens.cpu().numpy()
+        if self.model.device.type == "cuda":
+            torch.cuda.synchronize(self.model.device)
+        duration = time.perf_counter() - start
+        self._last_logits = StepLogits(plan.step_id, request_ids, logits)
+        return StepResult(step_id=plan.step_id, token_ids=token_ids, duration_s=duration)
+
+    def check_plan(self, plan: StepPlan) -> None:
+        """Raise :class:`PlanNotExecutableError` unless this executor can run ``plan``.
+
+        Checks the page geometry, that every page id lies in the cache and every token id in
+        the vocabulary, and the plan's own consistency (:meth:`phasesched.StepPlan.check_layout`).
+        Context pages need not have been written: a profiler's synthetic decode runs.
+        """
+        if plan.page_size != self.page_size:
+            msg = f"plan {plan.step_id} uses {plan.page_size}-token pages, the cache {self.page_size}-token pages"
+            raise PlanNotExecutableError(msg)
+        if plan.is_empty:
+            return
+        if plan.input_ids is None:
+            msg = (f"plan {plan.step_id} carries no input_ids: a model needs token ids "
+                   "(requests given only a prompt_len cannot run on the torch executor)")
+            raise PlanNotExecutableError(msg)
+        self._check_ranges(plan, plan.input_ids)
+        try:
+            plan.check_layout()
+        except ValueError as error:
+            msg = f"plan {plan.step_id} is inconsistent: {error}"
+            raise PlanNotExecutableError(msg) from error
+
+    def _check_ranges(self, plan: StepPlan, input_ids: np.ndarray[Any, np.dtype[np.int32]]) -> None:
+        pages = plan.kv_indices
+        bad = np.flatnonzero((pages < 0) | (pages >= self.num_pages))
+        if len(bad):
+            j = int(bad[0])
+            s = int(np.searchsorted(plan.kv_indptr, j, side="right")) - 1
+            msg = (f"plan {plan.step_id}: slice {s} (request {plan.request_ids[s]!r}) references KV page "
+                   f"{int(pages[j])}, outside the cache's {self.num_pages} pages")
+            raise PlanNotExecutableError(msg)
+        vocab = self.model.config.vocab_size
+        if input_ids.shape != (plan.num_tokens,):
+            msg = f"plan {plan.step_id}: input_ids has shape {input_ids.shape}, expected ({plan.num_tokens},)"
+            raise PlanNotExecutableError(msg)
+        bad = np.flatnonzero((input_ids < 0) | (input_ids >= vocab))
+        if len(bad):
+            row = int(bad[0])
+            msg = f"plan {plan.step_id}: token id {int(input_ids[row])} (row {row}) is not in the vocabulary of {vocab}"
+            raise PlanNotExecutableError(msg)
+
+    def prepare(self, plan: StepPlan) -> ForwardBatch:
+        """Derive the step's device tensors from a checked, non-empty plan (once per step).
+
+        Returns:
+            Inputs every layer reads: token ids, RoPE angles, KV write slots, the attention
+            plan and the rows to sample.
+
+        """
+        assert plan.input_ids is not None
+        device = self.model.device
+        positions = torch.tensor(plan.positions, dtype=torch.int64)
+        batch_indices = torch.repeat_interleave(torch.arange(plan.batch_size), torch.tensor(plan.num_new))
+        pages, offsets = kv_write_slots(batch_indices, positions, torch.tensor(plan.kv_indices),
+                                        torch.tensor(plan.kv_indptr), self.page_size)
+        cos, sin = rope_angles(positions.to(device), self.model.inv_freq)
+        attention = plan_paged_attention(plan.qo_indptr, plan.kv_indptr, plan.kv_indices, plan.kv_last_page_len,
+                                         self.page_size, device=device)
+        sample_rows = (plan.qo_indptr[1:].astype(np.int64) - 1)[plan.samples]
+        return ForwardBatch(
+            input_ids=torch.tensor(plan.input_ids, dtype=torch.int64).to(device),
+            cos=cos,
+            sin=sin,
+            write_slots=(pages.to(device), offsets.to(device)),
+            attention=attention,
+            sample_rows=torch.from_numpy(sample_rows).to(device),
+        )
+
+
+def _resolve_config(model: str | LlamaConfig | Mapping[str, Any], num_layers: int | None) -> LlamaConfig:
+    if isinstance(model, LlamaConfig):
+        config = model
+    elif isinstance(model, str):
+        config = LlamaConfig.preset(model)
+    else:
+        config = LlamaConfig.from_hf(model)
+    return config if num_layers is None else attrs.evolve(config, num_layers=num_layers)
+
+
+def _resolve_dtype(dtype: str | torch.dtype) -> torch.dtype:
+    if isinstance(dtype, torch.dtype):
+        if dtype not in _DTYPES.values():
+            msg = f"dtype {dtype} is not supported; use float32, bfloat16 or float16"
+            raise UnknownNameError(msg)
+        return dtype
+    resolved = _DTYPES.get(dtype)
+    if resolved is None:
+        msg = f"no dtype named {dtype!r}; known: {', '.join(sorted(_DTYPES))}"
+        raise UnknownNameError(msg)
+    return resolved
+
+
+def create_executor(  # noqa: PLR0913 -- the entry point's keyword-only knobs, each with a default
+    *,
+    model: str | LlamaConfig | Mapping[str, Any] = "tiny",
+    num_pages: int = 1024,
+    page_size: int = 16,
+    device: str | torch.device = "cpu",
+    dtype: str | torch.dtype = "float32",
+    seed: int = 0,
+    state_dict: Mapping[str, torch.Tensor] | str | PathLike[str] | None = None,
+    num_layers: int | None = None,
+) -> TorchExecutor:
+    """Build a :class:`TorchExecutor` (the ``torch`` entry point of ``phasesched.executors``).
+
+    Args:
+        model: A preset name (:data:`PRESETS`), a :class:`LlamaConfig`, or a Hugging Face
+            ``config.json`` dict.
+        num_pages: KV pages to allocate (at least the scheduler's ``num_pages``).
+        page_size: Tokens per page (the scheduler's ``page_size``).
+        device: ``"cpu"``, ``"cuda"``, ``"cuda:1"``, ...
+        dtype: ``"float32"``, ``"bfloat16"`` or ``"float16"`` (or a ``torch.dtype``).
+        seed: Seeds random weights and unseeded sampling.
+        state_dict: Weights in ``LlamaForCausalLM`` naming: a mapping of tensors, or the path of
+            a safetensors file or of a directory of shards. ``None``: seeded random weights.
+        num_layers: Override the config's layer count (to fit a large preset on one device).
+
+    Raises:
+        UnknownNameError: An unknown preset or dtype name.
+        StateDictError: The weights do not fit the config (the error names the tensor).
+
+    """
+    config = _resolve_config(model, num_layers)
+    torch_dtype = _resolve_dtype(dtype)
+    if state_dict is None:
+        llama = LlamaModel.random(config, seed=seed, device=device, dtype=torch_dtype)
+    elif isinstance(state_dict, Mapping):
+        llama = LlamaModel.from_state_dict(config, state_dict, device=device, dtype=torch_dtype)
+    else:
+        llama = LlamaModel.from_safetensors(config, state_dict, device=device, dtype=torch_dtype)
+    return TorchExecutor(llama, num_pages=num_pages, page_size=page_size, seed=seed)
