@@ -50,8 +50,9 @@ def make_requests() -> list[Request]:
     for i, length in enumerate(PROMPT_LENGTHS):
         prompt = [(31 * i + 7 * j + 1) % VOCAB_SIZE for j in range(length)]
         sampling = SamplingParams(temperature=0.8, top_p=0.9, seed=1234) if i == len(PROMPT_LENGTHS) - 1 else None
-        requests.append(Request(f"req-{i}", prompt_token_ids=prompt, max_new_tokens=8,
-                                sampling=sampling or SamplingParams()))
+        requests.append(
+            Request(f"req-{i}", prompt_token_ids=prompt, max_new_tokens=8, sampling=sampling or SamplingParams())
+        )
     return requests
 
 
@@ -75,11 +76,15 @@ def main(argv: list[str] | None = None) -> int:
         outcome = scheduler.update(plan, result)
         steps += 1
         timing = "" if result.duration_s is None else f", {result.duration_s * 1e3:.1f} ms"
-        print(f"step {plan.step_id:3d}: {plan.batch_size} slices, {plan.num_prefill_tokens:3d} prefill tokens, "
-              f"{plan.num_decodes} decodes{timing}")
+        print(
+            f"step {plan.step_id:3d}: {plan.batch_size} slices, {plan.num_prefill_tokens:3d} prefill tokens, "
+            f"{plan.num_decodes} decodes{timing}"
+        )
         for record in outcome.finished:
-            print(f"  {record.request_id} done ({record.reason.value}): prompt of {record.prompt_len} tokens -> "
-                  f"{list(record.output_token_ids or ())}")
+            print(
+                f"  {record.request_id} done ({record.reason.value}): prompt of {record.prompt_len} tokens -> "
+                f"{list(record.output_token_ids or ())}"
+            )
     print(f"{name} executor: {steps} steps in {time.perf_counter() - start:.2f} s")
     return 0
 

@@ -54,12 +54,19 @@ prefill_tokens,prefill_prefix,decode_seqs,decode_context,step_time_s
 
 
 class TestProfilePoint:
-    @pytest.mark.parametrize("field", ["prefill_tokens", "prefill_prefix", "decode_seqs", "decode_context",
-                                       "step_time_s"])
+    @pytest.mark.parametrize(
+        "field", ["prefill_tokens", "prefill_prefix", "decode_seqs", "decode_context", "step_time_s"]
+    )
     def test_rejects_negative_values(self, field: str) -> None:
         """Every field is non-negative."""
-        values = {"prefill_tokens": 1, "prefill_prefix": 0, "decode_seqs": 0, "decode_context": 0,
-                  "step_time_s": 0.1, field: -1}
+        values = {
+            "prefill_tokens": 1,
+            "prefill_prefix": 0,
+            "decode_seqs": 0,
+            "decode_context": 0,
+            "step_time_s": 0.1,
+            field: -1,
+        }
         with pytest.raises(ValueError, match=field):
             ProfilePoint(**values)
 
@@ -90,8 +97,9 @@ class TestCsv:
     def test_column_order_is_free_and_extras_are_ignored(self, tmp_path: Path) -> None:
         """Columns may come in any order, with extra ones and blank lines."""
         path = tmp_path / "p.csv"
-        path.write_text("step_time_s,p90_s,decode_context,decode_seqs,prefill_prefix,prefill_tokens\n"
-                        "\n0.5,0.7,64,2,8,16\n")
+        path.write_text(
+            "step_time_s,p90_s,decode_context,decode_seqs,prefill_prefix,prefill_tokens\n\n0.5,0.7,64,2,8,16\n"
+        )
         points, _ = read_profile_csv(path)
         assert points == [ProfilePoint(16, 8, 2, 64, 0.5)]
 
@@ -175,7 +183,8 @@ class TestGrid:
         path = tmp_path / "p.csv"
         write_profile_csv(path, grid_points())
         assert ProfiledCostModel.from_csv(path).interpolate([64, 128, 4, 512]).tolist() == [
-            multilinear(64, 128, 4, 512)]
+            multilinear(64, 128, 4, 512)
+        ]
 
     def test_protocols(self, model: ProfiledCostModel) -> None:
         """The profiled model is a cost model with the decode fast path."""
@@ -184,7 +193,8 @@ class TestGrid:
 
 
 monotone_values = st.tuples(st.integers(1, 3), st.integers(1, 3), st.integers(1, 3), st.integers(1, 3)).flatmap(
-    lambda shape: hnp.arrays(np.float64, shape, elements=st.floats(0.0, 1.0)))
+    lambda shape: hnp.arrays(np.float64, shape, elements=st.floats(0.0, 1.0))
+)
 
 
 def monotone_grid(increments: np.ndarray) -> ProfiledCostModel:
@@ -193,8 +203,10 @@ def monotone_grid(increments: np.ndarray) -> ProfiledCostModel:
     for dim in range(4):
         values = np.cumsum(values, axis=dim)
     axes = [16 * np.arange(1, n + 1) ** 2 for n in values.shape]  # uneven spacing, starting above 0
-    points = [ProfilePoint(int(axes[0][i]), axes[1][j], int(axes[2][k]), axes[3][m], values[i, j, k, m])
-              for i, j, k, m in itertools.product(*(range(n) for n in values.shape))]
+    points = [
+        ProfilePoint(int(axes[0][i]), axes[1][j], int(axes[2][k]), axes[3][m], values[i, j, k, m])
+        for i, j, k, m in itertools.product(*(range(n) for n in values.shape))
+    ]
     return ProfiledCostModel(points)
 
 
@@ -244,7 +256,7 @@ class TestInterpolation:
 
     def test_linear_extrapolation_along_an_axis(self) -> None:
         """Past the last prefill_tokens value the edge cell's slope continues."""
-        model = ProfiledCostModel(grid_points(lambda p, x, d, c: 1e-3 + 1e-5 * p ** 1.5 + 1e-6 * d * c))
+        model = ProfiledCostModel(grid_points(lambda p, x, d, c: 1e-3 + 1e-5 * p**1.5 + 1e-6 * d * c))
         v_last, v_prev = (model.interpolate([p, 0, 4, 128])[0] for p in (256, 64))
         slope = (v_last - v_prev) / (256 - 64)
         assert model.interpolate([1000, 0, 4, 128])[0] == pytest.approx(v_last + slope * 744, rel=1e-9)
@@ -269,13 +281,17 @@ class TestInterpolation:
         assert ProfiledCostModel(points).interpolate([256, 0, 1, 128]).tolist() == [3.0]
         assert ProfiledCostModel(points, monotone=False).interpolate([256, 0, 1, 128]).tolist() == [2.0]
 
-    @given(increments=monotone_values,
-           start=hnp.arrays(np.float64, 4, elements=st.floats(0, 300)),
-           dim=st.integers(0, 3), delta=st.floats(0.01, 1e5),
-           stretch=hnp.arrays(np.float64, 4, elements=st.sampled_from([1.0, 1.0, 50.0])))
+    @given(
+        increments=monotone_values,
+        start=hnp.arrays(np.float64, 4, elements=st.floats(0, 300)),
+        dim=st.integers(0, 3),
+        delta=st.floats(0.01, 1e5),
+        stretch=hnp.arrays(np.float64, 4, elements=st.sampled_from([1.0, 1.0, 50.0])),
+    )
     @settings(max_examples=150)
-    def test_monotone_in_every_feature(self, increments: np.ndarray, start: np.ndarray, dim: int, delta: float,
-                                       stretch: np.ndarray) -> None:
+    def test_monotone_in_every_feature(
+        self, increments: np.ndarray, start: np.ndarray, dim: int, delta: float, stretch: np.ndarray
+    ) -> None:
         """On monotone data, raising any feature never lowers the time, inside or beyond the grid."""
         model = monotone_grid(increments)
         x = start * stretch  # some coordinates far beyond the grid, several at once
@@ -284,15 +300,20 @@ class TestInterpolation:
         low, high = model.interpolate(x)[0], model.interpolate(y)[0]
         assert high >= low - 1e-12 * abs(low)
 
-
-    @given(noise=monotone_values, start=hnp.arrays(np.float64, 4, elements=st.floats(0, 2000)),
-           dim=st.integers(0, 3), delta=st.floats(0.01, 1e4))
+    @given(
+        noise=monotone_values,
+        start=hnp.arrays(np.float64, 4, elements=st.floats(0, 2000)),
+        dim=st.integers(0, 3),
+        delta=st.floats(0.01, 1e4),
+    )
     @settings(max_examples=100)
     def test_noisy_data_made_monotone(self, noise: np.ndarray, start: np.ndarray, dim: int, delta: float) -> None:
         """With monotone=True even unordered measurements give a monotone model."""
         axes = [16 * np.arange(1, n + 1) ** 2 for n in noise.shape]
-        points = [ProfilePoint(int(axes[0][i]), axes[1][j], int(axes[2][k]), axes[3][m], noise[i, j, k, m])
-                  for i, j, k, m in itertools.product(*(range(n) for n in noise.shape))]
+        points = [
+            ProfilePoint(int(axes[0][i]), axes[1][j], int(axes[2][k]), axes[3][m], noise[i, j, k, m])
+            for i, j, k, m in itertools.product(*(range(n) for n in noise.shape))
+        ]
         model = ProfiledCostModel(points)
         y = start.copy()
         y[dim] += delta
@@ -330,10 +351,10 @@ class TestStepTime:
         assert fast.shape == (num_steps,)
         assert fast.tolist() == [model.step_time(np.ones(len(ctx), np.int64), ctx + j) for j in range(num_steps)]
 
-
     @pytest.mark.parametrize(("kv_len", "num_steps", "words"), [((0, 5), 2, "kv_len"), ((5,), -1, "num_steps")])
-    def test_fast_path_rejects_bad_arguments(self, model: ProfiledCostModel, kv_len: tuple[int, ...],
-                                             num_steps: int, words: str) -> None:
+    def test_fast_path_rejects_bad_arguments(
+        self, model: ProfiledCostModel, kv_len: tuple[int, ...], num_steps: int, words: str
+    ) -> None:
         """An empty context or a negative step count is an error, not an empty answer."""
         with pytest.raises(ValueError, match=words):
             model.decode_step_times(arr(*kv_len), num_steps)
@@ -360,8 +381,9 @@ prefill = st.tuples(st.integers(2, 6000), st.integers(0, 10_000))
 class TestBatchMonotone:
     @given(decodes=decodes, prefill=prefill, k=st.integers(1, 3000), data=st.data())
     @settings(max_examples=100)
-    def test_more_context_never_faster(self, decodes: list[int], prefill: tuple[int, int], k: int,
-                                       data: st.DataObject) -> None:
+    def test_more_context_never_faster(
+        self, decodes: list[int], prefill: tuple[int, int], k: int, data: st.DataObject
+    ) -> None:
         """A longer context for any slice never shortens the step."""
         num_new = arr(*([1] * len(decodes)), prefill[0])
         kv_len = arr(*decodes, prefill[0] + prefill[1])

@@ -58,10 +58,16 @@ class TestProfileExecutor:
         points = profile(TimedExecutor())
         grid = ProfileGrid()
         assert [(p.prefill_tokens, p.prefill_prefix, p.decode_seqs, p.decode_context) for p in points] == list(
-            grid.combinations())
+            grid.combinations()
+        )
         for p in points:
-            expected = (1e-3 + 2e-5 * p.prefill_tokens + 1e-9 * p.prefill_tokens * p.prefill_prefix
-                        + 1e-4 * p.decode_seqs + 1e-8 * p.decode_seqs * p.decode_context)
+            expected = (
+                1e-3
+                + 2e-5 * p.prefill_tokens
+                + 1e-9 * p.prefill_tokens * p.prefill_prefix
+                + 1e-4 * p.decode_seqs
+                + 1e-8 * p.decode_seqs * p.decode_context
+            )
             assert p.step_time_s == pytest.approx(expected, rel=1e-12)
 
     def test_plans_have_the_points_features(self) -> None:
@@ -70,8 +76,11 @@ class TestProfileExecutor:
         profile(executor, repeats=1, warmup=0)
         seen = {tuple(step_features(plan.num_new, plan.kv_len)) for plan in executor.plans if plan.batch_size}
         grid = ProfileGrid()
-        expected = {(float(p), float(x if p else 0), float(d), float(c if d else 0))
-                    for p, x, d, c in grid.combinations() if p or d}
+        expected = {
+            (float(p), float(x if p else 0), float(d), float(c if d else 0))
+            for p, x, d, c in grid.combinations()
+            if p or d
+        }
         assert seen == expected
 
     def test_median_of_timed_runs_after_warmup(self) -> None:
@@ -178,8 +187,14 @@ class TestProfileGrid:
 
     @pytest.mark.parametrize(
         "kwargs",
-        [{"prefill_tokens": (0, 1, 16)}, {"decode_seqs": (4, 1)}, {"decode_context": (1, 16)},
-         {"prefill_prefix": ()}, {"decode_seqs": (0, 0, 1)}, {"prefill_prefix": (-1, 0)}],
+        [
+            {"prefill_tokens": (0, 1, 16)},
+            {"decode_seqs": (4, 1)},
+            {"decode_context": (1, 16)},
+            {"prefill_prefix": ()},
+            {"decode_seqs": (0, 0, 1)},
+            {"prefill_prefix": (-1, 0)},
+        ],
     )
     def test_rejects_bad_axes(self, kwargs: dict[str, tuple[int, ...]]) -> None:
         """Axes are non-empty, strictly increasing, with no one-token prefill and contexts >= 2."""

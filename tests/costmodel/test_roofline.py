@@ -97,8 +97,12 @@ class TestHandComputed:
 
     def test_tensor_parallelism_speeds_up_a_decode(self) -> None:
         """Sharding 70B over more GPUs shortens a decode step (weights per GPU shrink)."""
-        times = [RooflineCostModel.from_names("H100-SXM", "llama-3-70b", tensor_parallel=tp).step_time(ones(8),
-                 np.full(8, 1024)) for tp in (2, 4, 8)]
+        times = [
+            RooflineCostModel.from_names("H100-SXM", "llama-3-70b", tensor_parallel=tp).step_time(
+                ones(8), np.full(8, 1024)
+            )
+            for tp in (2, 4, 8)
+        ]
         assert times[0] > times[1] > times[2]
 
     def test_empty_step_takes_no_time(self, h200_8b: RooflineCostModel) -> None:
@@ -111,7 +115,8 @@ class TestHandComputed:
         assert default.compute_efficiency == hardware_by_name("A100-80GB").compute_efficiency
         slower = RooflineCostModel.from_names("A100-80GB", "llama-3-8b", compute_efficiency=0.375)
         assert slower.breakdown(arr(512), arr(512)).linear_compute_s == pytest.approx(
-            2 * default.breakdown(arr(512), arr(512)).linear_compute_s, rel=1e-12)
+            2 * default.breakdown(arr(512), arr(512)).linear_compute_s, rel=1e-12
+        )
 
     def test_kv_capacity(self, h200_8b: RooflineCostModel) -> None:
         """KV tokens that fit beside the weights at 90% of 141 GB."""
@@ -129,8 +134,9 @@ class TestHandComputed:
             RooflineCostModel.from_names("TPU-v5", "llama-3-8b")
 
     @pytest.mark.parametrize(("num_new", "kv_len"), [((1, 2), (5,)), ((0,), (5,)), ((6,), (5,))])
-    def test_rejects_malformed_batches(self, h200_8b: RooflineCostModel, num_new: tuple[int, ...],
-                                       kv_len: tuple[int, ...]) -> None:
+    def test_rejects_malformed_batches(
+        self, h200_8b: RooflineCostModel, num_new: tuple[int, ...], kv_len: tuple[int, ...]
+    ) -> None:
         """Mismatched shapes, empty slices and contexts shorter than the slice are errors."""
         with pytest.raises(ValueError, match="num_new"):
             h200_8b.step_time(arr(*num_new), arr(*kv_len))
@@ -169,8 +175,9 @@ class TestMonotone:
     @pytest.mark.parametrize("model", MODELS, ids=["8b-h200", "70b-h100-tp8", "8b-a100-tp2"])
     @given(slices=batches, k=growth, data=st.data())
     @settings(max_examples=40)
-    def test_more_tokens_never_faster(self, model: RooflineCostModel, slices: list[tuple[int, int]], k: int,
-                                      data: st.DataObject) -> None:
+    def test_more_tokens_never_faster(
+        self, model: RooflineCostModel, slices: list[tuple[int, int]], k: int, data: st.DataObject
+    ) -> None:
         """Extending a slice by k tokens (its context grows with it) never shortens the step."""
         num_new, kv_len = batch_arrays(slices)
         i = data.draw(st.integers(0, len(slices) - 1))
@@ -182,8 +189,9 @@ class TestMonotone:
     @pytest.mark.parametrize("model", MODELS, ids=["8b-h200", "70b-h100-tp8", "8b-a100-tp2"])
     @given(slices=batches, k=growth, data=st.data())
     @settings(max_examples=40)
-    def test_more_context_never_faster(self, model: RooflineCostModel, slices: list[tuple[int, int]], k: int,
-                                       data: st.DataObject) -> None:
+    def test_more_context_never_faster(
+        self, model: RooflineCostModel, slices: list[tuple[int, int]], k: int, data: st.DataObject
+    ) -> None:
         """A longer cached prefix for one slice never shortens the step."""
         num_new, kv_len = batch_arrays(slices)
         i = data.draw(st.integers(0, len(slices) - 1))
@@ -194,9 +202,9 @@ class TestMonotone:
     @pytest.mark.parametrize("model", MODELS, ids=["8b-h200", "70b-h100-tp8", "8b-a100-tp2"])
     @given(slices=batches, data=st.data())
     @settings(max_examples=40)
-    def test_computing_more_of_a_fixed_context_never_faster(self, model: RooflineCostModel,
-                                                            slices: list[tuple[int, int]],
-                                                            data: st.DataObject) -> None:
+    def test_computing_more_of_a_fixed_context_never_faster(
+        self, model: RooflineCostModel, slices: list[tuple[int, int]], data: st.DataObject
+    ) -> None:
         """Recomputing cached tokens (more query tokens, same context) never shortens the step."""
         num_new, kv_len = batch_arrays(slices)
         i = data.draw(st.integers(0, len(slices) - 1))
@@ -207,8 +215,9 @@ class TestMonotone:
     @pytest.mark.parametrize("model", MODELS, ids=["8b-h200", "70b-h100-tp8", "8b-a100-tp2"])
     @given(slices=batches, extra=st.tuples(st.integers(1, 4096), st.integers(0, 16384)))
     @settings(max_examples=40)
-    def test_another_slice_never_faster(self, model: RooflineCostModel, slices: list[tuple[int, int]],
-                                        extra: tuple[int, int]) -> None:
+    def test_another_slice_never_faster(
+        self, model: RooflineCostModel, slices: list[tuple[int, int]], extra: tuple[int, int]
+    ) -> None:
         """Adding a slice to the batch never shortens the step."""
         num_new, kv_len = batch_arrays(slices)
         more_new, more_kv = batch_arrays([*slices, extra])
@@ -257,8 +266,9 @@ class TestDecodeFastForward:
             decode_step_times(h200_8b, arr(10), -1)
 
     @pytest.mark.parametrize(("kv_len", "num_steps", "words"), [((0, 5), 2, "kv_len"), ((5,), -1, "num_steps")])
-    def test_fast_path_rejects_bad_arguments(self, h200_8b: RooflineCostModel, kv_len: tuple[int, ...],
-                                             num_steps: int, words: str) -> None:
+    def test_fast_path_rejects_bad_arguments(
+        self, h200_8b: RooflineCostModel, kv_len: tuple[int, ...], num_steps: int, words: str
+    ) -> None:
         """An empty context or a negative step count is an error, not an empty answer."""
         with pytest.raises(ValueError, match=words):
             h200_8b.decode_step_times(arr(*kv_len), num_steps)

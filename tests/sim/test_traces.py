@@ -36,13 +36,31 @@ MOONCAKE = "conversation_trace.jsonl"
 # then (mean, p50, p90, p99, max) of input and of output tokens, at the README's printed precision.
 README = {
     AZURE_CODE: (
-        8_819, 2.566, 13.15, 2.27, 1.04, (2_047.8, 1_469, 5_187.6, 7_436, 7_437), (27.9, 13, 55, 251.5, 1_899)
+        8_819,
+        2.566,
+        13.15,
+        2.27,
+        1.04,
+        (2_047.8, 1_469, 5_187.6, 7_436, 7_437),
+        (27.9, 13, 55, 251.5, 1_899),
     ),
     AZURE_CONV: (
-        19_366, 5.530, 1.09, 0.50, 0.22, (1_154.7, 1_020, 2_734.5, 4_142, 14_050), (211.1, 129, 424, 601, 1_000)
+        19_366,
+        5.530,
+        1.09,
+        0.50,
+        0.22,
+        (1_154.7, 1_020, 2_734.5, 4_142, 14_050),
+        (211.1, 129, 424, 601, 1_000),
     ),
     MOONCAKE: (
-        12_031, 3.401, 3.03, None, 0.12, (12_035.1, 6_909, 27_367, 85_400.4, 126_195), (342.6, 350, 597, 1_118.5, 2_000)
+        12_031,
+        3.401,
+        3.03,
+        None,
+        0.12,
+        (12_035.1, 6_909, 27_367, 85_400.4, 126_195),
+        (342.6, 350, 597, 1_118.5, 2_000),
     ),
 }
 
@@ -265,12 +283,20 @@ MALFORMED = [
     ("m.jsonl", MOONCAKE_ROW + '{"timestamp": 3000, "input_length": 1, "output_length": 0}\n', 2, "output length is 0"),
     ("m.jsonl", MOONCAKE_ROW + '{"timestamp": 3000, "input_length": 10,\n', 2, "not valid JSON"),
     ("m.jsonl", MOONCAKE_ROW + "[1, 2, 3]\n", 2, "expected a JSON object, got list"),
-    ("m.jsonl", MOONCAKE_ROW + '{"timestamp": 3000, "input_length": 1, "output_length": 1}\n' + MOONCAKE_ROW, 3,
-     "earlier than the previous row"),
+    (
+        "m.jsonl",
+        MOONCAKE_ROW + '{"timestamp": 3000, "input_length": 1, "output_length": 1}\n' + MOONCAKE_ROW,
+        3,
+        "earlier than the previous row",
+    ),
     ("g.jsonl", JSONL_ROW + '{"arrival_s": 1, "prompt_len": 0, "output_len": 1}\n', 2, "prompt length must be"),
     ("g.jsonl", JSONL_ROW + '{"arrival_s": NaN, "prompt_len": 1, "output_len": 1}\n', 2, "finite"),
-    ("g.jsonl", JSONL_ROW + '{"arrival_s": 1, "prompt_len": 1, "output_len": 1, "priority": 2}\n', 2,
-     "'priority' must be given on every row or on none"),
+    (
+        "g.jsonl",
+        JSONL_ROW + '{"arrival_s": 1, "prompt_len": 1, "output_len": 1, "priority": 2}\n',
+        2,
+        "'priority' must be given on every row or on none",
+    ),
     ("x.csv", "time,input,output\n0,1,1\n", 1, "cannot tell the trace format"),
     ("x.jsonl", '\n\n{"ts": 0}\n', 3, "cannot tell the trace format"),
     ("x.jsonl", '{"ts": \n', 1, "not valid JSON"),

@@ -142,9 +142,7 @@ A100_80GB = Hardware(
 )
 """A100 80GB SXM: 312 TFLOP/s dense BF16, 2,039 GB/s HBM2e, NVLink 3 at 600 GB/s (datasheet)."""
 
-HARDWARE_PRESETS: Mapping[str, Hardware] = types.MappingProxyType(
-    {hw.name: hw for hw in (H100_SXM, H200, A100_80GB)}
-)
+HARDWARE_PRESETS: Mapping[str, Hardware] = types.MappingProxyType({hw.name: hw for hw in (H100_SXM, H200, A100_80GB)})
 """Every hardware preset by name (read-only)."""
 
 

@@ -115,9 +115,7 @@ def write_profile_csv(
             raise ValueError(msg)
         lines.append(f"# {key}: {value}\n")
     lines.append(",".join(_COLUMNS) + "\n")
-    lines.extend(
-        ",".join(_format(v) for v in (*p.features, p.step_time_s)) + "\n" for p in points
-    )
+    lines.extend(",".join(_format(v) for v in (*p.features, p.step_time_s)) + "\n" for p in points)
     Path(path).write_text("".join(lines), encoding="utf-8")
 
 
@@ -219,12 +217,15 @@ def step_features(num_new: NDArray[np.integer], kv_len: NDArray[np.integer]) -> 
     # sum over prefill slices of n * (L - n): over all slices, less the decodes' 1 * (L - 1).
     weighted_prefix = int(new @ (ctx - new)) - (decode_context - decodes)
     # Integer sums divided once, as decode_step_times does, so both round identically.
-    return np.array([
-        prefill_tokens,
-        weighted_prefix / prefill_tokens if prefill_tokens else 0.0,
-        decodes,
-        float(decode_context) / decodes if decodes else 0.0,
-    ], dtype=np.float64)
+    return np.array(
+        [
+            prefill_tokens,
+            weighted_prefix / prefill_tokens if prefill_tokens else 0.0,
+            decodes,
+            float(decode_context) / decodes if decodes else 0.0,
+        ],
+        dtype=np.float64,
+    )
 
 
 def _point_tuple(points: Iterable[ProfilePoint]) -> tuple[ProfilePoint, ...]:

@@ -177,10 +177,19 @@ class _Session:
         """Run one plan of ``slices``; the first of a point announces its requests."""
         kv_indptr, kv_indices = self.kv.gather(slots, self.kv.page_counts[slots])
         plan = build_step_plan(
-            step_id=self.step_id, request_ids=slices.request_ids, slots=slots, start=slices.start,
-            num_new=slices.num_new, prompt_len=slices.prompt_len, samples=np.ones(len(slots), dtype=bool),
-            kv_indptr=kv_indptr, kv_indices=kv_indices, page_size=self.kv.page_size, input_ids=input_ids,
-            new_requests=slices.requests if first else (), released=self.released if first else (),
+            step_id=self.step_id,
+            request_ids=slices.request_ids,
+            slots=slots,
+            start=slices.start,
+            num_new=slices.num_new,
+            prompt_len=slices.prompt_len,
+            samples=np.ones(len(slots), dtype=bool),
+            kv_indptr=kv_indptr,
+            kv_indices=kv_indices,
+            page_size=self.kv.page_size,
+            input_ids=input_ids,
+            new_requests=slices.requests if first else (),
+            released=self.released if first else (),
         )
         self.step_id += 1
         return _duration(self.executor, plan)
@@ -190,8 +199,10 @@ def _duration(executor: Executor, plan: StepPlan) -> float:
     result = executor.execute(plan)
     result.check_against(plan)
     if result.duration_s is None:
-        msg = (f"{type(executor).__name__} returned duration_s=None: it makes no timing claim, so it "
-               "cannot be profiled (time the step inside execute() and report it)")
+        msg = (
+            f"{type(executor).__name__} returned duration_s=None: it makes no timing claim, so it "
+            "cannot be profiled (time the step inside execute() and report it)"
+        )
         raise ProfilingError(msg)
     return float(result.duration_s)
 

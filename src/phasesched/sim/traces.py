@@ -227,8 +227,10 @@ def _detect(lines: Sequence[str], first: int | None, path: Path) -> TraceFormat:
             return TraceFormat.AZURE
         if set(_GENERIC_COLUMNS) <= set(header):
             return TraceFormat.CSV
-    reason = (f"cannot tell the trace format from {text[:80]!r}; expected an Azure or generic CSV header "
-              "or a Mooncake or generic JSON object (or pass format=)")
+    reason = (
+        f"cannot tell the trace format from {text[:80]!r}; expected an Azure or generic CSV header "
+        "or a Mooncake or generic JSON object (or pass format=)"
+    )
     raise TraceFormatError(path, lineno, reason)
 
 
@@ -237,7 +239,7 @@ def _split_csv(lines: Sequence[str], header: int, path: Path) -> tuple[list[str]
     names = [column.strip() for column in lines[header].split(",")]
     rows: list[list[str]] = []
     numbers: list[int] = []
-    for lineno, line in enumerate(lines[header + 1:], header + 2):
+    for lineno, line in enumerate(lines[header + 1 :], header + 2):
         if not line.strip():
             continue
         fields = line.split(",")
@@ -295,8 +297,13 @@ def _int_strings(texts: Sequence[str], numbers: Sequence[int], what: str, path: 
     return np.asarray(_parsed(texts, numbers, _int64, f"{what} is not an integer", path), dtype=np.int64)
 
 
-def _parsed(texts: Sequence[str], numbers: Sequence[int], parse: Callable[[str], _T], problem: str, path: Path,
-            ) -> list[_T]:
+def _parsed(
+    texts: Sequence[str],
+    numbers: Sequence[int],
+    parse: Callable[[str], _T],
+    problem: str,
+    path: Path,
+) -> list[_T]:
     """``parse`` applied to every text; the first that raises ``ValueError`` is reported with its line."""
     try:
         return [parse(text) for text in texts]
@@ -446,8 +453,10 @@ def _ordered(rows: _Rows, path: Path, *, sort: bool) -> _Rows:
     if backwards.any():
         i = int(np.argmax(backwards)) + 1
         t = rows.arrival_s
-        reason = (f"arrival time {t[i]:.9g} s is earlier than the previous row's {t[i - 1]:.9g} s "
-                  "(rows must be in arrival order; load with sort=True to sort them)")
+        reason = (
+            f"arrival time {t[i]:.9g} s is earlier than the previous row's {t[i - 1]:.9g} s "
+            "(rows must be in arrival order; load with sort=True to sort them)"
+        )
         raise TraceFormatError(path, int(rows.lines[i]), reason)
     if (steps < 0).any():  # jitter within tolerance: hold each time at the running maximum
         rows = attrs.evolve(rows, arrival_s=np.maximum.accumulate(rows.arrival_s))
@@ -529,8 +538,10 @@ def _formatted_rows(workload: Workload, rows: slice, fmt: TraceFormat) -> list[s
     if fmt is TraceFormat.CSV:
         return [",".join(map(repr, row)) + "\n" for row in zip(*columns, strict=True)]
     keys = [*_GENERIC_COLUMNS, "priority"]
-    return ["{" + ", ".join(f'"{k}": {v!r}' for k, v in zip(keys, row, strict=False)) + "}\n"
-            for row in zip(*columns, strict=True)]
+    return [
+        "{" + ", ".join(f'"{k}": {v!r}' for k, v in zip(keys, row, strict=False)) + "}\n"
+        for row in zip(*columns, strict=True)
+    ]
 
 
 # --------------------------------------------------------------------------------------------

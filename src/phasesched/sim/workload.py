@@ -262,11 +262,19 @@ class Workload:
             rows = slice(start, start + _CHUNK)
             arrivals = self.arrival_s[rows].tolist()
             priorities = self.priority[rows].tolist() if self.priority is not None else [0] * len(arrivals)
-            columns = zip(arrivals, self.prompt_len[rows].tolist(), self.output_len[rows].tolist(), priorities,
-                          strict=True)
+            columns = zip(
+                arrivals, self.prompt_len[rows].tolist(), self.output_len[rows].tolist(), priorities, strict=True
+            )
             for i, (arrival, prompt, output, priority) in enumerate(columns, start):
-                yield Request(f"{prefix}{i}", prompt_len=prompt, max_new_tokens=output, ignore_eos=True,
-                              arrival_time=arrival, priority=priority, sampling=_GREEDY)
+                yield Request(
+                    f"{prefix}{i}",
+                    prompt_len=prompt,
+                    max_new_tokens=output,
+                    ignore_eos=True,
+                    arrival_time=arrival,
+                    priority=priority,
+                    sampling=_GREEDY,
+                )
 
     def _rows(self, rows: slice) -> Workload:
         priority = None if self.priority is None else self.priority[rows]
@@ -720,8 +728,9 @@ class GridPoint:
 
     def closed_loop(self, num_requests: int, *, think_time_s: float = 0.0) -> ClosedLoop:
         """The cell as a closed-loop benchmark of ``num_requests`` requests."""
-        return ClosedLoop(self.concurrency, num_requests, Fixed(self.prompt_len), Fixed(self.output_len),
-                          think_time_s=think_time_s)
+        return ClosedLoop(
+            self.concurrency, num_requests, Fixed(self.prompt_len), Fixed(self.output_len), think_time_s=think_time_s
+        )
 
 
 def grid_points(

@@ -11,9 +11,9 @@ torch = pytest.importorskip("torch")  # --doctest-modules imports this file too,
 
 import attrs  # noqa: E402
 import numpy as np  # noqa: E402
-from phasesched_torch import LlamaConfig, TorchExecutor  # noqa: E402
 
 from phasesched import FinishedRequest, Request, Scheduler, SchedulerConfig, SchedulingPolicy, StepPlan  # noqa: E402
+from phasesched_torch import LlamaConfig, TorchExecutor  # noqa: E402
 
 TINY = LlamaConfig(vocab_size=512, hidden_size=64, intermediate_size=128, num_layers=2, num_heads=4, num_kv_heads=2)
 
@@ -39,8 +39,15 @@ class EngineRun:
         return any(p.num_decodes and p.num_prefill_tokens for p in self.plans)
 
 
-def run_engine(executor: TorchExecutor, policy: SchedulingPolicy, requests: Iterable[Request], *,
-               num_pages: int, page_size: int, max_steps: int = 5000) -> EngineRun:
+def run_engine(
+    executor: TorchExecutor,
+    policy: SchedulingPolicy,
+    requests: Iterable[Request],
+    *,
+    num_pages: int,
+    page_size: int,
+    max_steps: int = 5000,
+) -> EngineRun:
     """The schedule -> execute -> update loop on the real scheduler, keeping every sampled row's logits."""
     scheduler = Scheduler(SchedulerConfig(num_pages=num_pages, page_size=page_size), policy)
     for request in requests:
@@ -70,12 +77,22 @@ def random_prompts(lengths: Iterable[int], vocab_size: int, seed: int = 0) -> li
 
 
 def make_requests(prompts: list[list[int]], max_new_tokens: int, **kwargs: object) -> list[Request]:
-    return [Request(f"r{i}", prompt_token_ids=p, max_new_tokens=max_new_tokens, **kwargs)  # type: ignore[arg-type]
-            for i, p in enumerate(prompts)]
+    return [
+        Request(f"r{i}", prompt_token_ids=p, max_new_tokens=max_new_tokens, **kwargs)  # type: ignore[arg-type]
+        for i, p in enumerate(prompts)
+    ]
 
 
-def synthetic_plan(start: list[int], num_new: list[int], pages: list[list[int]], *, page_size: int,
-                   input_ids: list[int] | None = None, step_id: int = 0, vocab_size: int = 512) -> StepPlan:
+def synthetic_plan(
+    start: list[int],
+    num_new: list[int],
+    pages: list[list[int]],
+    *,
+    page_size: int,
+    input_ids: list[int] | None = None,
+    step_id: int = 0,
+    vocab_size: int = 512,
+) -> StepPlan:
     """A hand-built plan, as a profiler makes them: slices at any point of their sequence, any pages.
 
     Decode-looking slices (one token) get ``prompt_len = start``; token ids default to a pattern.
@@ -87,10 +104,15 @@ def synthetic_plan(start: list[int], num_new: list[int], pages: list[list[int]],
     total = int(new_a.sum())
     ids = np.arange(total) % vocab_size if input_ids is None else np.array(input_ids)
     return build_step_plan(
-        step_id=step_id, request_ids=tuple(f"s{i}" for i in range(len(start))),
-        slots=np.arange(len(start), dtype=np.int32), start=start_a, num_new=new_a,
+        step_id=step_id,
+        request_ids=tuple(f"s{i}" for i in range(len(start))),
+        slots=np.arange(len(start), dtype=np.int32),
+        start=start_a,
+        num_new=new_a,
         prompt_len=np.where(new_a == 1, start_a, start_a + new_a).astype(np.int32),
-        samples=np.ones(len(start), dtype=bool), kv_indptr=kv_indptr,
-        kv_indices=np.array([p for ps in pages for p in ps], dtype=np.int32), page_size=page_size,
+        samples=np.ones(len(start), dtype=bool),
+        kv_indptr=kv_indptr,
+        kv_indices=np.array([p for ps in pages for p in ps], dtype=np.int32),
+        page_size=page_size,
         input_ids=ids.astype(np.int32),
     )

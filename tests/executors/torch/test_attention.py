@@ -14,6 +14,7 @@ import numpy as np  # noqa: E402
 import torch.nn.functional as F  # noqa: E402, N812
 from hypothesis import given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
+
 from phasesched_torch import _attention as attention_module  # noqa: E402
 from phasesched_torch import (  # noqa: E402
     append_paged_kv_cache,
@@ -134,8 +135,10 @@ class TestPagedAttention:
         """Small buckets for decodes and small query blocks for prefills give the same numbers."""
         batch = build(case)
         expected, expected_lse = paged_attention(batch.q, batch.cache, *batch.meta)
-        with mock.patch.object(attention_module, "_MAX_GATHER_TOKENS", gather), \
-             mock.patch.object(attention_module, "_MAX_SCORES", scores):
+        with (
+            mock.patch.object(attention_module, "_MAX_GATHER_TOKENS", gather),
+            mock.patch.object(attention_module, "_MAX_SCORES", scores),
+        ):
             plan = plan_paged_attention(*batch.meta, case.page_size)
             out, lse = run_paged_attention(plan, batch.q, batch.cache)
         singles = sum(1 for q, _ in case.lengths if q == 1)
@@ -166,14 +169,22 @@ class TestPagedAttention:
         assert out.dtype == dtype
         torch.testing.assert_close(out.double(), ref, atol=2e-2, rtol=2e-2)
 
-    @pytest.mark.parametrize(("causal", "window_left", "soft_cap"), [(False, -1, 0.0), (True, 3, 0.0),
-                                                                       (True, -1, 5.0), (False, 2, 1.5)])
+    @pytest.mark.parametrize(
+        ("causal", "window_left", "soft_cap"), [(False, -1, 0.0), (True, 3, 0.0), (True, -1, 5.0), (False, 2, 1.5)]
+    )
     def test_mask_options(self, causal: bool, window_left: int, soft_cap: float) -> None:
         """Non-causal, sliding-window and soft-capped attention match a direct dense computation."""
         case = Case(page_size=4, kv_heads=2, group=2, head_dim=8, lengths=((5, 9), (1, 6), (7, 7)), seed=11)
         batch = build(case)
-        out, lse = paged_attention(batch.q, batch.cache, *batch.meta, causal=causal, window_left=window_left,
-                                   logits_soft_cap=soft_cap, sm_scale=0.3)
+        out, lse = paged_attention(
+            batch.q,
+            batch.cache,
+            *batch.meta,
+            causal=causal,
+            window_left=window_left,
+            logits_soft_cap=soft_cap,
+            sm_scale=0.3,
+        )
         for b, (q_len, kv_len) in enumerate(case.lengths):
             k, v = dense_kv(batch, b, kv_len)
             q = batch.q[batch.qo_indptr[b] : batch.qo_indptr[b + 1]].double()
@@ -200,15 +211,18 @@ class TestPagedAttention:
         assert out.shape == (0, 4, 8)
         assert lse.shape == (0, 4)
 
-    @pytest.mark.parametrize(("qo", "kv", "last", "message"), [
-        ([0, 5], [0, 1], [4], "kv_len >= q_len"),
-        ([0, 1], [0, 1], [0], "kv_last_page_len"),
-        ([0, 1], [0, 1], [5], "kv_last_page_len"),
-        ([0, 1, 2], [0, 1], [1], "entries"),
-        ([0, 1], [0, 0], [1], "no KV pages"),
-        ([0, 1], [0, 3], [1], "within kv_indices"),
-        ([0, 1], [0, 1], [1], "non-negative"),
-    ])
+    @pytest.mark.parametrize(
+        ("qo", "kv", "last", "message"),
+        [
+            ([0, 5], [0, 1], [4], "kv_len >= q_len"),
+            ([0, 1], [0, 1], [0], "kv_last_page_len"),
+            ([0, 1], [0, 1], [5], "kv_last_page_len"),
+            ([0, 1, 2], [0, 1], [1], "entries"),
+            ([0, 1], [0, 0], [1], "no KV pages"),
+            ([0, 1], [0, 3], [1], "within kv_indices"),
+            ([0, 1], [0, 1], [1], "non-negative"),
+        ],
+    )
     def test_rejects_inconsistent_metadata(self, qo: list[int], kv: list[int], last: list[int], message: str) -> None:
         """Metadata that cannot describe a cache raises ValueError before any compute."""
         q = torch.randn(qo[-1], 2, 8)
@@ -237,9 +251,16 @@ class TestAppend:
         gen = torch.Generator().manual_seed(case.seed + 1)
         keys = torch.randn(len(positions), case.kv_heads, case.head_dim, generator=gen)
         values = torch.randn(len(positions), case.kv_heads, case.head_dim, generator=gen)
-        append_paged_kv_cache(keys, values, torch.from_numpy(batch_idx), torch.from_numpy(positions), cache,
-                              torch.from_numpy(batch.kv_indices), torch.from_numpy(batch.kv_indptr),
-                              torch.from_numpy(batch.kv_last_page_len))
+        append_paged_kv_cache(
+            keys,
+            values,
+            torch.from_numpy(batch_idx),
+            torch.from_numpy(positions),
+            cache,
+            torch.from_numpy(batch.kv_indices),
+            torch.from_numpy(batch.kv_indptr),
+            torch.from_numpy(batch.kv_last_page_len),
+        )
         expected = batch.cache.clone()
         for row, (b, pos) in enumerate(zip(batch_idx.tolist(), positions.tolist(), strict=True)):
             page = batch.kv_indices[batch.kv_indptr[b] + pos // case.page_size]
@@ -251,5 +272,13 @@ class TestAppend:
         """Appending at a position the metadata does not cover raises ValueError."""
         cache = torch.zeros(4, 2, 4, 1, 8)
         with pytest.raises(ValueError, match="outside"):
-            append_paged_kv_cache(torch.zeros(1, 1, 8), torch.zeros(1, 1, 8), torch.tensor([0]), torch.tensor([3]),
-                                  cache, torch.tensor([2]), torch.tensor([0, 1]), torch.tensor([3]))
+            append_paged_kv_cache(
+                torch.zeros(1, 1, 8),
+                torch.zeros(1, 1, 8),
+                torch.tensor([0]),
+                torch.tensor([3]),
+                cache,
+                torch.tensor([2]),
+                torch.tensor([0, 1]),
+                torch.tensor([3]),
+            )

@@ -7,6 +7,10 @@ import pytest
 torch = pytest.importorskip("torch")
 
 import attrs  # noqa: E402
+from safetensors.torch import save_file  # noqa: E402
+
+from phasesched import InvalidPlanError, PhaseschedError, Request, Scheduler, SchedulerConfig  # noqa: E402
+from phasesched.errors import UnknownNameError  # noqa: E402
 from phasesched_torch import (  # noqa: E402
     LlamaConfig,
     LlamaModel,
@@ -19,10 +23,6 @@ from phasesched_torch import (  # noqa: E402
     create_executor,
     expected_shapes,
 )
-from safetensors.torch import save_file  # noqa: E402
-
-from phasesched import InvalidPlanError, PhaseschedError, Request, Scheduler, SchedulerConfig  # noqa: E402
-from phasesched.errors import UnknownNameError  # noqa: E402
 from tests.executors.torch.helpers import TINY, synthetic_plan  # noqa: E402
 
 
@@ -60,8 +60,9 @@ class TestBadPlans:
     def test_token_outside_the_vocabulary(self) -> None:
         """A token id the embedding does not have is rejected (on CUDA it would be a device assert)."""
         executor = create_executor(model="tiny", num_pages=16, page_size=4)
-        plan = first_step(Scheduler(SchedulerConfig(num_pages=16, page_size=4)),
-                          Request("a", prompt_token_ids=[1, 512, 3]))
+        plan = first_step(
+            Scheduler(SchedulerConfig(num_pages=16, page_size=4)), Request("a", prompt_token_ids=[1, 512, 3])
+        )
         with pytest.raises(PlanNotExecutableError, match="token id 512"):
             executor.execute(plan)
 
@@ -153,12 +154,15 @@ class TestSafetensors:
 
 
 class TestBadConfigs:
-    @pytest.mark.parametrize(("change", "message"), [
-        ({"hidden_act": "gelu"}, "hidden_act"),
-        ({"rope_parameters": {"rope_type": "yarn", "rope_theta": 1e4, "factor": 2.0}}, "yarn"),
-        ({"rope_parameters": {"rope_type": "default", "rope_theta": 1e4, "partial_rotary_factor": 0.5}}, "partial"),
-        ({"hidden_size": None}, "hidden_size"),
-    ])
+    @pytest.mark.parametrize(
+        ("change", "message"),
+        [
+            ({"hidden_act": "gelu"}, "hidden_act"),
+            ({"rope_parameters": {"rope_type": "yarn", "rope_theta": 1e4, "factor": 2.0}}, "yarn"),
+            ({"rope_parameters": {"rope_type": "default", "rope_theta": 1e4, "partial_rotary_factor": 0.5}}, "partial"),
+            ({"hidden_size": None}, "hidden_size"),
+        ],
+    )
     def test_unsupported_hf_configs(self, change: dict[str, object], message: str) -> None:
         """HF configs this model cannot represent raise UnsupportedConfigError."""
         with pytest.raises(UnsupportedConfigError, match=message):

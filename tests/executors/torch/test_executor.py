@@ -13,10 +13,10 @@ import pytest
 torch = pytest.importorskip("torch")
 
 import numpy as np  # noqa: E402
-import phasesched_torch  # noqa: E402
-from phasesched_torch import LlamaModel, TorchExecutor, create_executor  # noqa: E402
 
+import phasesched_torch  # noqa: E402
 from phasesched import EXECUTORS, Executor, PolicyOptions, Scheduler, SchedulerConfig, load_policy  # noqa: E402
+from phasesched_torch import LlamaModel, TorchExecutor, create_executor  # noqa: E402
 from tests.executors.torch.helpers import TINY, make_requests, random_prompts, run_engine, synthetic_plan  # noqa: E402
 
 
@@ -40,8 +40,10 @@ class TestPlugin:
 
     def test_phasesched_does_not_import_torch(self) -> None:
         """Importing phasesched, and listing its executors, never imports torch."""
-        code = ("import sys, phasesched; names = phasesched.EXECUTORS.names(); "
-                "assert 'torch' in names, names; assert 'torch' not in sys.modules, 'torch was imported'")
+        code = (
+            "import sys, phasesched; names = phasesched.EXECUTORS.names(); "
+            "assert 'torch' in names, names; assert 'torch' not in sys.modules, 'torch was imported'"
+        )
         subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
 
     def test_doctests(self) -> None:
@@ -83,8 +85,9 @@ class TestExecute:
     def test_non_sampling_slices_get_minus_one(self) -> None:
         """Slices that stop short of their last known token return -1 and no logits."""
         executor = create_executor(model="tiny", num_pages=16, page_size=4)
-        scheduler = Scheduler(SchedulerConfig(num_pages=16, page_size=4), load_policy("sarathi", PolicyOptions(
-            chunk_size=4)))
+        scheduler = Scheduler(
+            SchedulerConfig(num_pages=16, page_size=4), load_policy("sarathi", PolicyOptions(chunk_size=4))
+        )
         for request in make_requests(random_prompts((10, 2), 512), 2):
             scheduler.add_request(request)
         plan = scheduler.schedule()
@@ -110,8 +113,13 @@ class TestExecute:
         for name in ("float32", dtype):
             executor = create_executor(model=TINY, num_pages=32, page_size=4, dtype=name, state_dict=state)
             assert executor.kv_cache[0].dtype == getattr(torch, name)
-            run = run_engine(executor, load_policy("sarathi", PolicyOptions(chunk_size=8)),
-                             make_requests(random_prompts((7, 12), 512), 1), num_pages=32, page_size=4)
+            run = run_engine(
+                executor,
+                load_policy("sarathi", PolicyOptions(chunk_size=8)),
+                make_requests(random_prompts((7, 12), 512), 1),
+                num_pages=32,
+                page_size=4,
+            )
             logits[name] = torch.stack([run.logits["r0"][0], run.logits["r1"][0]])
         torch.testing.assert_close(logits[dtype], logits["float32"], atol=0.05, rtol=0.05)
 
@@ -122,12 +130,18 @@ class TestExecute:
         runs = {}
         for device in ("cpu", "cuda"):
             executor = create_executor(model=TINY, num_pages=32, page_size=4, device=device, state_dict=_state_dict())
-            runs[device] = run_engine(executor, load_policy("sarathi", PolicyOptions(chunk_size=8)),
-                                      make_requests(random_prompts((7, 12, 30), 512), 6), num_pages=32, page_size=4)
+            runs[device] = run_engine(
+                executor,
+                load_policy("sarathi", PolicyOptions(chunk_size=8)),
+                make_requests(random_prompts((7, 12, 30), 512), 6),
+                num_pages=32,
+                page_size=4,
+            )
         assert runs["cuda"].outputs() == runs["cpu"].outputs()
         for rid, ours in runs["cuda"].logits.items():
-            torch.testing.assert_close(torch.stack(ours).cpu(), torch.stack(runs["cpu"].logits[rid]),
-                                       atol=1e-3, rtol=1e-3)
+            torch.testing.assert_close(
+                torch.stack(ours).cpu(), torch.stack(runs["cpu"].logits[rid]), atol=1e-3, rtol=1e-3
+            )
 
 
 def _state_dict() -> dict[str, torch.Tensor]:
@@ -139,9 +153,15 @@ def _state_dict() -> dict[str, torch.Tensor]:
         q, k, v = torch.split(layer.qkv, [64, 32, 32])
         gate, up = layer.gate_up.chunk(2)
         p = f"model.layers.{i}."
-        state |= {p + "self_attn.q_proj.weight": q, p + "self_attn.k_proj.weight": k,
-                  p + "self_attn.v_proj.weight": v, p + "self_attn.o_proj.weight": layer.o_proj,
-                  p + "mlp.gate_proj.weight": gate, p + "mlp.up_proj.weight": up,
-                  p + "mlp.down_proj.weight": layer.down, p + "input_layernorm.weight": layer.input_norm,
-                  p + "post_attention_layernorm.weight": layer.post_norm}
+        state |= {
+            p + "self_attn.q_proj.weight": q,
+            p + "self_attn.k_proj.weight": k,
+            p + "self_attn.v_proj.weight": v,
+            p + "self_attn.o_proj.weight": layer.o_proj,
+            p + "mlp.gate_proj.weight": gate,
+            p + "mlp.up_proj.weight": up,
+            p + "mlp.down_proj.weight": layer.down,
+            p + "input_layernorm.weight": layer.input_norm,
+            p + "post_attention_layernorm.weight": layer.post_norm,
+        }
     return state

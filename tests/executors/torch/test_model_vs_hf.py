@@ -17,21 +17,31 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
 import attrs  # noqa: E402
-from phasesched_torch import Llama3RopeScaling, LlamaConfig, create_executor, rope_inv_freq  # noqa: E402
 
 from phasesched import PolicyOptions, SchedulingPolicy, load_policy  # noqa: E402
 from phasesched.policies import FixedChunk, NoChunking, TokenBudget  # noqa: E402
+from phasesched_torch import Llama3RopeScaling, LlamaConfig, create_executor, rope_inv_freq  # noqa: E402
 from tests.executors.torch.helpers import TINY, make_requests, random_prompts, run_engine  # noqa: E402
 
 LLAMA3_TIED = LlamaConfig(
-    vocab_size=384, hidden_size=64, intermediate_size=96, num_layers=2, num_heads=4, num_kv_heads=1, head_dim=32,
-    rope_theta=10000.0, tie_word_embeddings=True, rms_norm_eps=1e-5,
+    vocab_size=384,
+    hidden_size=64,
+    intermediate_size=96,
+    num_layers=2,
+    num_heads=4,
+    num_kv_heads=1,
+    head_dim=32,
+    rope_theta=10000.0,
+    tie_word_embeddings=True,
+    rms_norm_eps=1e-5,
     # A short original context so the scaled (long-wavelength) and blended bands both apply.
-    rope_scaling=Llama3RopeScaling(factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0,
-                                   original_max_position_embeddings=32),
+    rope_scaling=Llama3RopeScaling(
+        factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0, original_max_position_embeddings=32
+    ),
 )
-BIASED = attrs.evolve(TINY, hidden_size=96, num_heads=6, num_kv_heads=2, head_dim=16, num_layers=3,
-                      attention_bias=True, mlp_bias=True)
+BIASED = attrs.evolve(
+    TINY, hidden_size=96, num_heads=6, num_kv_heads=2, head_dim=16, num_layers=3, attention_bias=True, mlp_bias=True
+)
 CONFIGS = {"tiny": TINY, "llama3-tied": LLAMA3_TIED, "biased": BIASED}
 
 PROMPT_LENGTHS = (5, 13, 21, 34, 3)
@@ -40,8 +50,9 @@ MAX_NEW = 8
 
 def hf_model(config: LlamaConfig, seed: int = 0) -> transformers.LlamaForCausalLM:
     """A float32 eager-attention HF Llama with random weights large enough to make every bug visible."""
-    hf_config = transformers.LlamaConfig(**config.to_hf(), attn_implementation="eager", bos_token_id=None,
-                                         eos_token_id=None, pad_token_id=0)
+    hf_config = transformers.LlamaConfig(
+        **config.to_hf(), attn_implementation="eager", bos_token_id=None, eos_token_id=None, pad_token_id=0
+    )
     torch.manual_seed(seed)
     model = transformers.LlamaForCausalLM(hf_config).eval()
     gen = torch.Generator().manual_seed(seed)
@@ -55,8 +66,9 @@ def hf_model(config: LlamaConfig, seed: int = 0) -> transformers.LlamaForCausalL
 
 
 @functools.cache
-def reference(name: str) -> tuple[transformers.LlamaForCausalLM, list[list[int]], list[tuple[int, ...]],
-                                   list[list[torch.Tensor]]]:
+def reference(
+    name: str,
+) -> tuple[transformers.LlamaForCausalLM, list[list[int]], list[tuple[int, ...]], list[list[torch.Tensor]]]:
     """The HF model for ``CONFIGS[name]``, the prompts, and generate()'s greedy tokens and logits."""
     config = CONFIGS[name]
     model = hf_model(config)
@@ -64,8 +76,13 @@ def reference(name: str) -> tuple[transformers.LlamaForCausalLM, list[list[int]]
     tokens, logits = [], []
     with torch.no_grad():
         for prompt in prompts:
-            out = model.generate(torch.tensor([prompt]), max_new_tokens=MAX_NEW, do_sample=False,
-                                 output_logits=True, return_dict_in_generate=True)
+            out = model.generate(
+                torch.tensor([prompt]),
+                max_new_tokens=MAX_NEW,
+                do_sample=False,
+                output_logits=True,
+                return_dict_in_generate=True,
+            )
             tokens.append(tuple(out.sequences[0, len(prompt) :].tolist()))
             logits.append([step[0] for step in out.logits])
     return model, prompts, tokens, logits
@@ -76,18 +93,21 @@ POLICIES = {
     "chunk-7": SchedulingPolicy(name="chunk-7", budget=TokenBudget(max_num_batched_tokens=24), chunker=FixedChunk(7)),
     "sarathi-16": load_policy("sarathi", PolicyOptions(chunk_size=16)),
     "whole-prompt": load_policy("no-chunk", PolicyOptions(max_model_len=256)),
-    "whole-prompt-custom": SchedulingPolicy(name="whole", budget=TokenBudget(max_num_batched_tokens=64),
-                                            chunker=NoChunking()),
+    "whole-prompt-custom": SchedulingPolicy(
+        name="whole", budget=TokenBudget(max_num_batched_tokens=64), chunker=NoChunking()
+    ),
 }
 
 
-def check_against_reference(name: str, policy: SchedulingPolicy, *, page_size: int, num_pages: int = 256,
-                            max_num_seqs: int | None = None) -> None:
+def check_against_reference(
+    name: str, policy: SchedulingPolicy, *, page_size: int, num_pages: int = 256, max_num_seqs: int | None = None
+) -> None:
     model, prompts, ref_tokens, ref_logits = reference(name)
     if max_num_seqs is not None:
         policy = attrs.evolve(policy, budget=attrs.evolve(policy.budget, max_num_seqs=max_num_seqs))
-    executor = create_executor(model=CONFIGS[name], num_pages=num_pages, page_size=page_size,
-                               state_dict=model.state_dict())
+    executor = create_executor(
+        model=CONFIGS[name], num_pages=num_pages, page_size=page_size, state_dict=model.state_dict()
+    )
     run = run_engine(executor, policy, make_requests(prompts, MAX_NEW), num_pages=num_pages, page_size=page_size)
     outputs = run.outputs()
     for i, expected in enumerate(ref_tokens):
@@ -121,8 +141,7 @@ class TestGreedyMatchesTransformers:
     def test_preemption_and_recompute(self, page_size: int) -> None:
         """With too few pages the scheduler preempts; recomputed requests still generate the same tokens."""
         pages_needed = -(-(max(PROMPT_LENGTHS) + MAX_NEW) // page_size)
-        run = check_against_reference("tiny", POLICIES["chunk-7"], page_size=page_size,
-                                      num_pages=pages_needed + 2)
+        run = check_against_reference("tiny", POLICIES["chunk-7"], page_size=page_size, num_pages=pages_needed + 2)
         assert run.num_preemptions > 0, "the scenario was meant to force preemption"
 
     def test_one_request_at_a_time(self) -> None:
@@ -145,11 +164,24 @@ class TestRopeAndConfig:
     def test_from_legacy_config_json(self) -> None:
         """A transformers-4 style config.json (rope_theta + rope_scaling) is understood."""
         legacy = {
-            "architectures": ["LlamaForCausalLM"], "hidden_act": "silu", "hidden_size": 4096,
-            "intermediate_size": 14336, "num_attention_heads": 32, "num_hidden_layers": 32,
-            "num_key_value_heads": 8, "rms_norm_eps": 1e-05, "rope_theta": 500000.0, "vocab_size": 128256,
-            "max_position_embeddings": 131072, "tie_word_embeddings": False,
-            "rope_scaling": {"factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-                             "original_max_position_embeddings": 8192, "rope_type": "llama3"},
+            "architectures": ["LlamaForCausalLM"],
+            "hidden_act": "silu",
+            "hidden_size": 4096,
+            "intermediate_size": 14336,
+            "num_attention_heads": 32,
+            "num_hidden_layers": 32,
+            "num_key_value_heads": 8,
+            "rms_norm_eps": 1e-05,
+            "rope_theta": 500000.0,
+            "vocab_size": 128256,
+            "max_position_embeddings": 131072,
+            "tie_word_embeddings": False,
+            "rope_scaling": {
+                "factor": 8.0,
+                "low_freq_factor": 1.0,
+                "high_freq_factor": 4.0,
+                "original_max_position_embeddings": 8192,
+                "rope_type": "llama3",
+            },
         }
         assert LlamaConfig.from_hf(legacy) == LlamaConfig.preset("llama-3.1-8b")

@@ -7,9 +7,9 @@ import pytest
 torch = pytest.importorskip("torch")
 
 import numpy as np  # noqa: E402
-from phasesched_torch import RequestSampler, create_executor, sample_tokens, uniform_for  # noqa: E402
 
 from phasesched import PolicyOptions, SamplingParams, load_policy  # noqa: E402
+from phasesched_torch import RequestSampler, create_executor, sample_tokens, uniform_for  # noqa: E402
 from tests.executors.torch.helpers import EngineRun, make_requests, random_prompts, run_engine  # noqa: E402
 
 N_DRAWS = 4000
@@ -20,8 +20,9 @@ def draw_grid(logits: torch.Tensor, *, temperature: float = 1.0, top_k: int = 0,
     """Token frequencies when ``u`` sweeps a regular grid of [0, 1): exactly the sampled distribution."""
     u = (torch.arange(N_DRAWS, dtype=torch.float64) + 0.5) / N_DRAWS
     rows = logits.expand(N_DRAWS, -1)
-    tokens = sample_tokens(rows, torch.full((N_DRAWS,), temperature), torch.full((N_DRAWS,), top_k),
-                           torch.full((N_DRAWS,), top_p), u)
+    tokens = sample_tokens(
+        rows, torch.full((N_DRAWS,), temperature), torch.full((N_DRAWS,), top_k), torch.full((N_DRAWS,), top_p), u
+    )
     return np.bincount(tokens.numpy(), minlength=logits.shape[-1]) / N_DRAWS
 
 
@@ -68,14 +69,26 @@ class TestSampleTokens:
         assert all(0.0 <= u < 1.0 for u in draws)
 
 
-def sampled_run(*, seed_param: int | None, num_pages: int, page_size: int = 4, chunk: int = 16,
-                executor_seed: int = 0, sampling: SamplingParams | None = None) -> EngineRun:
+def sampled_run(
+    *,
+    seed_param: int | None,
+    num_pages: int,
+    page_size: int = 4,
+    chunk: int = 16,
+    executor_seed: int = 0,
+    sampling: SamplingParams | None = None,
+) -> EngineRun:
     executor = create_executor(model="tiny", num_pages=num_pages, page_size=page_size, seed=executor_seed)
     params = sampling or SamplingParams(temperature=1.0, top_k=50, top_p=0.95, seed=seed_param)
     prompts = random_prompts((9, 14, 20), 512, seed=3)
     requests = make_requests(prompts, 10, sampling=params)
-    return run_engine(executor, load_policy("sarathi", PolicyOptions(chunk_size=chunk)), requests,
-                      num_pages=num_pages, page_size=page_size)
+    return run_engine(
+        executor,
+        load_policy("sarathi", PolicyOptions(chunk_size=chunk)),
+        requests,
+        num_pages=num_pages,
+        page_size=page_size,
+    )
 
 
 class TestSeededSamplingInTheEngine:
@@ -109,15 +122,21 @@ class TestSeededSamplingInTheEngine:
         executor = create_executor(model="tiny", num_pages=64, page_size=4)
         prompts = random_prompts((6, 11), 512, seed=4)
         greedy, top3 = make_requests(prompts, 12)
-        top3 = type(top3)(top3.request_id, prompt_token_ids=top3.prompt_token_ids, max_new_tokens=12,
-                          sampling=SamplingParams(temperature=2.0, top_k=3, seed=1))
-        run = run_engine(executor, load_policy("sarathi", PolicyOptions(chunk_size=8)), [greedy, top3],
-                         num_pages=64, page_size=4)
+        top3 = type(top3)(
+            top3.request_id,
+            prompt_token_ids=top3.prompt_token_ids,
+            max_new_tokens=12,
+            sampling=SamplingParams(temperature=2.0, top_k=3, seed=1),
+        )
+        run = run_engine(
+            executor, load_policy("sarathi", PolicyOptions(chunk_size=8)), [greedy, top3], num_pages=64, page_size=4
+        )
         outputs = run.outputs()
         for logits, token in zip(run.logits["r0"], outputs["r0"], strict=True):
             assert token == int(logits.argmax())
-        ranks = [int((logits > logits[token]).sum()) for logits, token in zip(run.logits["r1"], outputs["r1"],
-                                                                              strict=True)]
+        ranks = [
+            int((logits > logits[token]).sum()) for logits, token in zip(run.logits["r1"], outputs["r1"], strict=True)
+        ]
         assert max(ranks) < 3
         assert max(ranks) > 0, "a temperature-2 top-3 draw never left the arg-max in 12 tokens"
 

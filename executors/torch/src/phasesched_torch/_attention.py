@@ -185,12 +185,14 @@ def _row_groups(meta: _HostMeta, causal: bool, window_left: int, device: torch.d
         kpos = np.arange(int(lengths.max()), dtype=np.int64)[None, :]
         mask = (kpos < lengths) & _visible(kpos, lengths - 1, causal, window_left)
         pages = meta.token_pages(chunk, kpos)
-        groups.append(_RowGroup(
-            rows=torch.from_numpy(meta.qo_indptr[chunk]).to(device),
-            pages=torch.from_numpy(pages).to(device),
-            offsets=torch.from_numpy(np.broadcast_to(kpos % meta.page_size, pages.shape).copy()).to(device),
-            mask=torch.from_numpy(mask).to(device),
-        ))
+        groups.append(
+            _RowGroup(
+                rows=torch.from_numpy(meta.qo_indptr[chunk]).to(device),
+                pages=torch.from_numpy(pages).to(device),
+                offsets=torch.from_numpy(np.broadcast_to(kpos % meta.page_size, pages.shape).copy()).to(device),
+                mask=torch.from_numpy(mask).to(device),
+            )
+        )
     return groups
 
 
@@ -208,8 +210,9 @@ def _query_blocks(meta: _HostMeta, causal: bool, window_left: int, device: torch
             qpos = qpos_all[a : a + step]
             end = int(qpos[-1]) + 1 if causal else kv_len  # causal rows never see past their last position
             mask = _visible(kpos[None, :end], qpos[:, None], causal, window_left)
-            blocks.append(_QueryBlock(q0 + a, q0 + a + len(qpos), pages[:end], offsets[:end],
-                                      torch.from_numpy(mask).to(device)))
+            blocks.append(
+                _QueryBlock(q0 + a, q0 + a + len(qpos), pages[:end], offsets[:end], torch.from_numpy(mask).to(device))
+            )
     return blocks
 
 
@@ -264,8 +267,9 @@ def plan_paged_attention(  # noqa: PLR0913 -- FlashInfer's plan() arguments
     )
 
 
-def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor,
-            plan: PagedAttentionPlan) -> tuple[torch.Tensor, torch.Tensor]:
+def _attend(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, plan: PagedAttentionPlan
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Masked softmax attention in float32 for ``N`` independent problems.
 
     Args:
@@ -292,8 +296,9 @@ def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tenso
     return torch.matmul(probs, values), lse
 
 
-def run_paged_attention(plan: PagedAttentionPlan, q: torch.Tensor, kv_cache: PagedKVCache, *,
-                        kv_layout: KVLayout = "NHD") -> tuple[torch.Tensor, torch.Tensor]:
+def run_paged_attention(
+    plan: PagedAttentionPlan, q: torch.Tensor, kv_cache: PagedKVCache, *, kv_layout: KVLayout = "NHD"
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Attend every query row to its slice's cached context (FlashInfer's ``run``).
 
     Args:
@@ -313,8 +318,10 @@ def run_paged_attention(plan: PagedAttentionPlan, q: torch.Tensor, kv_cache: Pag
     num_pages, page_size, kv_heads, head_dim = cache_geometry(kv_cache, kv_layout)
     rows, q_heads = q.shape[0], q.shape[1]
     if rows != plan.num_rows or page_size != plan.page_size or q_heads % kv_heads or q.shape[2] != head_dim:
-        msg = (f"q {tuple(q.shape)} and cache (page {page_size}, {kv_heads} kv heads, dim {head_dim}) "
-               f"do not fit a plan for {plan.num_rows} rows and page {plan.page_size}")
+        msg = (
+            f"q {tuple(q.shape)} and cache (page {page_size}, {kv_heads} kv heads, dim {head_dim}) "
+            f"do not fit a plan for {plan.num_rows} rows and page {plan.page_size}"
+        )
         raise ValueError(msg)
     if plan.max_page >= num_pages:
         msg = f"the plan reads page {plan.max_page}, the cache has {num_pages}"
@@ -368,7 +375,16 @@ def paged_attention(  # noqa: PLR0913, PLR0917 -- the reference signature, argum
 
     """
     page_size = cache_geometry(kv_cache, kv_layout)[1]
-    plan = plan_paged_attention(qo_indptr, kv_indptr, kv_indices, kv_last_page_len, page_size, causal=causal,
-                                sm_scale=sm_scale, window_left=window_left, logits_soft_cap=logits_soft_cap,
-                                device=q.device)
+    plan = plan_paged_attention(
+        qo_indptr,
+        kv_indptr,
+        kv_indices,
+        kv_last_page_len,
+        page_size,
+        causal=causal,
+        sm_scale=sm_scale,
+        window_left=window_left,
+        logits_soft_cap=logits_soft_cap,
+        device=q.device,
+    )
     return run_paged_attention(plan, q, kv_cache, kv_layout=kv_layout)

@@ -223,24 +223,44 @@ def _rope_from_hf(values: Mapping[str, Any]) -> tuple[float, Llama3RopeScaling |
     raise UnsupportedConfigError(msg)
 
 
-_LLAMA31_ROPE = Llama3RopeScaling(factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0,
-                                  original_max_position_embeddings=8192)
-_LLAMA3_8B = LlamaConfig(vocab_size=128256, hidden_size=4096, intermediate_size=14336, num_layers=32, num_heads=32,
-                         num_kv_heads=8, rms_norm_eps=1e-5, rope_theta=500000.0, max_position_embeddings=8192)
-_LLAMA3_70B = attrs.evolve(_LLAMA3_8B, hidden_size=8192, intermediate_size=28672, num_layers=80, num_heads=64,
-                           head_dim=128)
+_LLAMA31_ROPE = Llama3RopeScaling(
+    factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0, original_max_position_embeddings=8192
+)
+_LLAMA3_8B = LlamaConfig(
+    vocab_size=128256,
+    hidden_size=4096,
+    intermediate_size=14336,
+    num_layers=32,
+    num_heads=32,
+    num_kv_heads=8,
+    rms_norm_eps=1e-5,
+    rope_theta=500000.0,
+    max_position_embeddings=8192,
+)
+_LLAMA3_70B = attrs.evolve(
+    _LLAMA3_8B, hidden_size=8192, intermediate_size=28672, num_layers=80, num_heads=64, head_dim=128
+)
 
 PRESETS: Mapping[str, LlamaConfig] = {
     # Small enough for CPU tests: two layers, GQA with two query heads per kv head.
-    "tiny": LlamaConfig(vocab_size=512, hidden_size=64, intermediate_size=128, num_layers=2, num_heads=4,
-                        num_kv_heads=2),
+    "tiny": LlamaConfig(
+        vocab_size=512, hidden_size=64, intermediate_size=128, num_layers=2, num_heads=4, num_kv_heads=2
+    ),
     "llama-3-8b": _LLAMA3_8B,
     "llama-3.1-8b": attrs.evolve(_LLAMA3_8B, rope_scaling=_LLAMA31_ROPE, max_position_embeddings=131072),
     "llama-3-70b": _LLAMA3_70B,
     "llama-3.1-70b": attrs.evolve(_LLAMA3_70B, rope_scaling=_LLAMA31_ROPE, max_position_embeddings=131072),
     "llama-3.2-1b": LlamaConfig(
-        vocab_size=128256, hidden_size=2048, intermediate_size=8192, num_layers=16, num_heads=32, num_kv_heads=8,
-        head_dim=64, rms_norm_eps=1e-5, rope_theta=500000.0, tie_word_embeddings=True,
+        vocab_size=128256,
+        hidden_size=2048,
+        intermediate_size=8192,
+        num_layers=16,
+        num_heads=32,
+        num_kv_heads=8,
+        head_dim=64,
+        rms_norm_eps=1e-5,
+        rope_theta=500000.0,
+        tie_word_embeddings=True,
         rope_scaling=Llama3RopeScaling(factor=32.0, original_max_position_embeddings=8192),
         max_position_embeddings=131072,
     ),

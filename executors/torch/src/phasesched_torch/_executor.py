@@ -31,9 +31,14 @@ from phasesched_torch._sampling import RequestSampler
 __all__ = ["StepLogits", "TorchExecutor", "create_executor"]
 
 _DTYPES: Mapping[str, torch.dtype] = {
-    "float32": torch.float32, "fp32": torch.float32, "float": torch.float32,
-    "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
-    "float16": torch.float16, "fp16": torch.float16, "half": torch.float16,
+    "float32": torch.float32,
+    "fp32": torch.float32,
+    "float": torch.float32,
+    "bfloat16": torch.bfloat16,
+    "bf16": torch.bfloat16,
+    "float16": torch.float16,
+    "fp16": torch.float16,
+    "half": torch.float16,
 }
 
 
@@ -150,8 +155,10 @@ class TorchExecutor:
         if plan.is_empty:
             return
         if plan.input_ids is None:
-            msg = (f"plan {plan.step_id} carries no input_ids: a model needs token ids "
-                   "(requests given only a prompt_len cannot run on the torch executor)")
+            msg = (
+                f"plan {plan.step_id} carries no input_ids: a model needs token ids "
+                "(requests given only a prompt_len cannot run on the torch executor)"
+            )
             raise PlanNotExecutableError(msg)
         self._check_ranges(plan, plan.input_ids)
         try:
@@ -166,8 +173,10 @@ class TorchExecutor:
         if len(bad):
             j = int(bad[0])
             s = int(np.searchsorted(plan.kv_indptr, j, side="right")) - 1
-            msg = (f"plan {plan.step_id}: slice {s} (request {plan.request_ids[s]!r}) references KV page "
-                   f"{int(pages[j])}, outside the cache's {self.num_pages} pages")
+            msg = (
+                f"plan {plan.step_id}: slice {s} (request {plan.request_ids[s]!r}) references KV page "
+                f"{int(pages[j])}, outside the cache's {self.num_pages} pages"
+            )
             raise PlanNotExecutableError(msg)
         vocab = self.model.config.vocab_size
         if input_ids.shape != (plan.num_tokens,):
@@ -191,11 +200,13 @@ class TorchExecutor:
         device = self.model.device
         positions = torch.tensor(plan.positions, dtype=torch.int64)
         batch_indices = torch.repeat_interleave(torch.arange(plan.batch_size), torch.tensor(plan.num_new))
-        pages, offsets = kv_write_slots(batch_indices, positions, torch.tensor(plan.kv_indices),
-                                        torch.tensor(plan.kv_indptr), self.page_size)
+        pages, offsets = kv_write_slots(
+            batch_indices, positions, torch.tensor(plan.kv_indices), torch.tensor(plan.kv_indptr), self.page_size
+        )
         cos, sin = rope_angles(positions.to(device), self.model.inv_freq)
-        attention = plan_paged_attention(plan.qo_indptr, plan.kv_indptr, plan.kv_indices, plan.kv_last_page_len,
-                                         self.page_size, device=device)
+        attention = plan_paged_attention(
+            plan.qo_indptr, plan.kv_indptr, plan.kv_indices, plan.kv_last_page_len, self.page_size, device=device
+        )
         sample_rows = (plan.qo_indptr[1:].astype(np.int64) - 1)[plan.samples]
         return ForwardBatch(
             input_ids=torch.tensor(plan.input_ids, dtype=torch.int64).to(device),

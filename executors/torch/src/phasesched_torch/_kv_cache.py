@@ -44,8 +44,9 @@ def cache_geometry(kv_cache: PagedKVCache, kv_layout: KVLayout = "NHD") -> tuple
     return num_pages, page_size, num_kv_heads, head_dim
 
 
-def gather_kv(kv_cache: PagedKVCache, layout: KVLayout, pages: torch.Tensor,
-              offsets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def gather_kv(
+    kv_cache: PagedKVCache, layout: KVLayout, pages: torch.Tensor, offsets: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Keys and values at ``(pages, offsets)`` (int64, any shape): each ``pages.shape + [Hkv, D]``."""
     if isinstance(kv_cache, tuple):
         k_cache, v_cache = kv_cache
@@ -56,8 +57,13 @@ def gather_kv(kv_cache: PagedKVCache, layout: KVLayout, pages: torch.Tensor,
     return kv[..., 0, :, :], kv[..., 1, :, :]
 
 
-def kv_write_slots(batch_indices: torch.Tensor, positions: torch.Tensor, kv_indices: torch.Tensor,
-                   kv_indptr: torch.Tensor, page_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+def kv_write_slots(
+    batch_indices: torch.Tensor,
+    positions: torch.Tensor,
+    kv_indices: torch.Tensor,
+    kv_indptr: torch.Tensor,
+    page_size: int,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Where each appended token goes: page ``kv_indices[kv_indptr[b] + pos // page_size]``, row ``pos % page_size``.
 
     Args:
@@ -77,8 +83,14 @@ def kv_write_slots(batch_indices: torch.Tensor, positions: torch.Tensor, kv_indi
     return pages, pos % page_size
 
 
-def write_paged_kv(kv_cache: PagedKVCache, key: torch.Tensor, value: torch.Tensor,
-                   slots: tuple[torch.Tensor, torch.Tensor], *, kv_layout: KVLayout = "NHD") -> None:
+def write_paged_kv(
+    kv_cache: PagedKVCache,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    slots: tuple[torch.Tensor, torch.Tensor],
+    *,
+    kv_layout: KVLayout = "NHD",
+) -> None:
     """Store keys and values at ``slots = (pages, offsets)`` in place, cast to the cache's dtype.
 
     Args:

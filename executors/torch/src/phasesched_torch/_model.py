@@ -81,16 +81,29 @@ class LlamaModel:
     inv_freq: torch.Tensor
 
     @classmethod
-    def random(cls, config: LlamaConfig, *, seed: int = 0, device: torch.device | str = "cpu",
-               dtype: torch.dtype = torch.float32, std: float = 0.02) -> LlamaModel:
+    def random(
+        cls,
+        config: LlamaConfig,
+        *,
+        seed: int = 0,
+        device: torch.device | str = "cpu",
+        dtype: torch.dtype = torch.float32,
+        std: float = 0.02,
+    ) -> LlamaModel:
         """A model with seeded random weights (for tests and for profiling without a checkpoint)."""
         dev = torch.device(device)
         weights = random_weights(config, seed=seed, device=dev, dtype=dtype, std=std)
         return cls(config, weights, rope_inv_freq(config, dev))
 
     @classmethod
-    def from_state_dict(cls, config: LlamaConfig, state_dict: Mapping[str, torch.Tensor], *,
-                        device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32) -> LlamaModel:
+    def from_state_dict(
+        cls,
+        config: LlamaConfig,
+        state_dict: Mapping[str, torch.Tensor],
+        *,
+        device: torch.device | str = "cpu",
+        dtype: torch.dtype = torch.float32,
+    ) -> LlamaModel:
         """A model from a ``LlamaForCausalLM`` state dict.
 
         Raises:
@@ -102,8 +115,14 @@ class LlamaModel:
         return cls(config, weights, rope_inv_freq(config, dev))
 
     @classmethod
-    def from_safetensors(cls, config: LlamaConfig, path: str | PathLike[str], *,
-                         device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32) -> LlamaModel:
+    def from_safetensors(
+        cls,
+        config: LlamaConfig,
+        path: str | PathLike[str],
+        *,
+        device: torch.device | str = "cpu",
+        dtype: torch.dtype = torch.float32,
+    ) -> LlamaModel:
         """A model from a safetensors file or a directory of shards, in ``LlamaForCausalLM`` naming."""
         return cls.from_state_dict(config, load_safetensors(path), device=device, dtype=dtype)
 

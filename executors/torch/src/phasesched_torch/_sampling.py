@@ -30,8 +30,9 @@ def uniform_for(seed: int, position: int) -> float:
     return float(np.random.default_rng([seed % 2**64, position]).random())
 
 
-def sample_tokens(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor,
-                  uniform: torch.Tensor) -> torch.Tensor:
+def sample_tokens(
+    logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor, uniform: torch.Tensor
+) -> torch.Tensor:
     """Pick one token per row; rows with ``temperature == 0`` take the arg-max.
 
     Top-k keeps the ``k`` most likely tokens (0: all), then top-p keeps the smallest prefix of
@@ -57,8 +58,12 @@ def sample_tokens(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.
     tokens = logits.argmax(dim=-1)
     rows = (temperature > 0).nonzero().squeeze(1)
     if rows.numel():
-        tokens[rows] = _draw(logits[rows].to(torch.float32) / temperature[rows, None].to(torch.float32),
-                             top_k[rows], top_p[rows], uniform[rows])
+        tokens[rows] = _draw(
+            logits[rows].to(torch.float32) / temperature[rows, None].to(torch.float32),
+            top_k[rows],
+            top_p[rows],
+            uniform[rows],
+        )
     return tokens
 
 

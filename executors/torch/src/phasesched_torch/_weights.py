@@ -87,13 +87,23 @@ def expected_shapes(config: LlamaConfig) -> dict[str, tuple[int, ...]]:
     h, i, d = config.hidden_size, config.intermediate_size, config.head_dim
     q, kv = config.num_heads * d, config.num_kv_heads * d
     per_layer: dict[str, tuple[int, ...]] = {
-        "self_attn.q_proj.weight": (q, h), "self_attn.k_proj.weight": (kv, h), "self_attn.v_proj.weight": (kv, h),
-        "self_attn.o_proj.weight": (h, q), "mlp.gate_proj.weight": (i, h), "mlp.up_proj.weight": (i, h),
-        "mlp.down_proj.weight": (h, i), "input_layernorm.weight": (h,), "post_attention_layernorm.weight": (h,),
+        "self_attn.q_proj.weight": (q, h),
+        "self_attn.k_proj.weight": (kv, h),
+        "self_attn.v_proj.weight": (kv, h),
+        "self_attn.o_proj.weight": (h, q),
+        "mlp.gate_proj.weight": (i, h),
+        "mlp.up_proj.weight": (i, h),
+        "mlp.down_proj.weight": (h, i),
+        "input_layernorm.weight": (h,),
+        "post_attention_layernorm.weight": (h,),
     }
     if config.attention_bias:
-        per_layer |= {"self_attn.q_proj.bias": (q,), "self_attn.k_proj.bias": (kv,),
-                      "self_attn.v_proj.bias": (kv,), "self_attn.o_proj.bias": (h,)}
+        per_layer |= {
+            "self_attn.q_proj.bias": (q,),
+            "self_attn.k_proj.bias": (kv,),
+            "self_attn.v_proj.bias": (kv,),
+            "self_attn.o_proj.bias": (h,),
+        }
     if config.mlp_bias:
         per_layer |= {"mlp.gate_proj.bias": (i,), "mlp.up_proj.bias": (i,), "mlp.down_proj.bias": (h,)}
     shapes = {_EMBED: (config.vocab_size, h), "model.norm.weight": (h,)}
@@ -129,8 +139,9 @@ def check_state_dict(config: LlamaConfig, state_dict: Mapping[str, torch.Tensor]
             raise TensorShapeError(name, shape, actual)
 
 
-def weights_from_state_dict(config: LlamaConfig, state_dict: Mapping[str, torch.Tensor], *,
-                            device: torch.device, dtype: torch.dtype) -> LlamaWeights:
+def weights_from_state_dict(
+    config: LlamaConfig, state_dict: Mapping[str, torch.Tensor], *, device: torch.device, dtype: torch.dtype
+) -> LlamaWeights:
     """Check, convert and fuse a ``LlamaForCausalLM`` state dict.
 
     Raises:
@@ -148,25 +159,28 @@ def weights_from_state_dict(config: LlamaConfig, state_dict: Mapping[str, torch.
     layers = []
     for layer in range(config.num_layers):
         p = f"model.layers.{layer}."
-        layers.append(LayerWeights(
-            input_norm=get(p + "input_layernorm.weight"),
-            qkv=cat(p, _QKV, "weight"),
-            qkv_bias=cat(p, _QKV, "bias") if config.attention_bias else None,
-            o_proj=get(p + "self_attn.o_proj.weight"),
-            o_bias=get(p + "self_attn.o_proj.bias") if config.attention_bias else None,
-            post_norm=get(p + "post_attention_layernorm.weight"),
-            gate_up=cat(p, _GATE_UP, "weight"),
-            gate_up_bias=cat(p, _GATE_UP, "bias") if config.mlp_bias else None,
-            down=get(p + "mlp.down_proj.weight"),
-            down_bias=get(p + "mlp.down_proj.bias") if config.mlp_bias else None,
-        ))
+        layers.append(
+            LayerWeights(
+                input_norm=get(p + "input_layernorm.weight"),
+                qkv=cat(p, _QKV, "weight"),
+                qkv_bias=cat(p, _QKV, "bias") if config.attention_bias else None,
+                o_proj=get(p + "self_attn.o_proj.weight"),
+                o_bias=get(p + "self_attn.o_proj.bias") if config.attention_bias else None,
+                post_norm=get(p + "post_attention_layernorm.weight"),
+                gate_up=cat(p, _GATE_UP, "weight"),
+                gate_up_bias=cat(p, _GATE_UP, "bias") if config.mlp_bias else None,
+                down=get(p + "mlp.down_proj.weight"),
+                down_bias=get(p + "mlp.down_proj.bias") if config.mlp_bias else None,
+            )
+        )
     embed = get(_EMBED)
     lm_head = embed if config.tie_word_embeddings else get(_LM_HEAD)
     return LlamaWeights(embed=embed, layers=tuple(layers), norm=get("model.norm.weight"), lm_head=lm_head)
 
 
-def random_weights(config: LlamaConfig, *, seed: int, device: torch.device, dtype: torch.dtype,
-                   std: float = 0.02) -> LlamaWeights:
+def random_weights(
+    config: LlamaConfig, *, seed: int, device: torch.device, dtype: torch.dtype, std: float = 0.02
+) -> LlamaWeights:
     """Seeded random weights: normal(0, ``std``) matrices, zero biases, unit norms (``transformers``' init).
 
     Generated directly on ``device`` in ``dtype``, so a 8B-parameter model needs no host copy.
@@ -186,9 +200,15 @@ def random_weights(config: LlamaConfig, *, seed: int, device: torch.device, dtyp
 
     layers = tuple(
         LayerWeights(
-            input_norm=ones(), qkv=normal(qkv_rows, h), qkv_bias=bias(qkv_rows, config.attention_bias),
-            o_proj=normal(h, config.num_heads * d), o_bias=bias(h, config.attention_bias), post_norm=ones(),
-            gate_up=normal(2 * i, h), gate_up_bias=bias(2 * i, config.mlp_bias), down=normal(h, i),
+            input_norm=ones(),
+            qkv=normal(qkv_rows, h),
+            qkv_bias=bias(qkv_rows, config.attention_bias),
+            o_proj=normal(h, config.num_heads * d),
+            o_bias=bias(h, config.attention_bias),
+            post_norm=ones(),
+            gate_up=normal(2 * i, h),
+            gate_up_bias=bias(2 * i, config.mlp_bias),
+            down=normal(h, i),
             down_bias=bias(h, config.mlp_bias),
         )
         for _ in range(config.num_layers)
