@@ -201,10 +201,13 @@ class PagedKVManager:
         self._num_free -= total
         self._refcount[fresh] = 1
         # Write each slot's new pages into the columns after its current last page.
-        rows = np.repeat(slots, need)
-        starts = np.cumsum(need) - need
-        cols = np.repeat(self._count[slots], need) + (np.arange(total) - np.repeat(starts, need))
-        self._table[rows, cols] = fresh
+        if total == len(slots):  # one page each: the common case of decodes crossing a boundary
+            self._table[slots, self._count[slots]] = fresh
+        else:
+            rows = np.repeat(slots, need)
+            starts = np.cumsum(need) - need
+            cols = np.repeat(self._count[slots], need) + (np.arange(total) - np.repeat(starts, need))
+            self._table[rows, cols] = fresh
         self._count[slots] = new_counts.astype(np.int32)
 
     def allocate(self, slot: int, num_pages: int) -> Int32Array:

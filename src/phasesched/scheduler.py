@@ -87,6 +87,25 @@ class FinishedRequest:
 
 
 @attrs.frozen(eq=False)
+class DecodeRun:
+    """Identical pure-decode steps the scheduler is certain to take next (see :meth:`Scheduler.decode_run`).
+
+    Attributes:
+        request_ids: The running requests, in batch order.
+        slots: int32 ``[B]``: their slots.
+        kv_len: int32 ``[B]``: each one's context after the *first* of the steps.
+        max_steps: Steps that can be taken at once without running out of KV pages; the last
+            of them may finish requests (the first finish ends the run).
+    """
+
+    request_ids: tuple[str, ...]
+    slots: Int32Array
+    kv_len: Int32Array
+    max_steps: int
+    _version: int = attrs.field(repr=False)
+
+
+@attrs.frozen(eq=False)
 class StepOutcome:
     """What one ``update()`` did.
 
@@ -127,10 +146,18 @@ class Scheduler:
         self._in_flight: StepPlan | None = None
         self._next_step = 0
         self._released: list[str] = []
+        self._version = 0  # bumped by every change, so a DecodeRun can tell it is still current
 
     # ------------------------------------------------------------------ requests
-    def add_request(self, request: Request) -> None:
+    def add_request(self, request: Request, *, precomputed_tokens: int = 0) -> None:
         """Queue a request.
+
+        Args:
+            request: The request.
+            precomputed_tokens: Leading prompt tokens whose KV arrives with the request, as a
+                disaggregated decode worker receives it from a prefill worker: they get pages
+                but are not computed here. At least one prompt token must remain, whose
+                logits give the first token. Lost (recomputed) if the request is preempted.
 
         Raises:
             DuplicateRequestError: Its id is already held.
@@ -142,11 +169,18 @@ class Scheduler:
         if request.request_id in self._seqs:
             msg = f"request {request.request_id!r} is already in the scheduler"
             raise DuplicateRequestError(msg)
+        if not 0 <= precomputed_tokens < request.prompt_len:
+            raise RequestRejectedError(
+                request.request_id,
+                f"precomputed_tokens={precomputed_tokens} must be in [0, prompt_len={request.prompt_len})",
+            )
         self._check_servable(request)
         outputs: list[int] | None = [] if request.has_token_ids else None
-        seq = SequenceState(request, self.policy.queue_order.key(request), outputs=outputs)
+        key = self.policy.queue_order.key(request)
+        seq = SequenceState(request, key, outputs=outputs, precomputed=precomputed_tokens)
         self._seqs[request.request_id] = seq
         self._waiting.push(seq)
+        self._version += 1
 
     def abort(self, request_id: str) -> FinishedRequest | None:
         """Abort a request and free its KV.
@@ -163,6 +197,7 @@ class Scheduler:
         if seq is None:
             msg = f"no request {request_id!r} to abort"
             raise UnknownRequestError(msg)
+        self._version += 1
         if self._in_flight is not None and seq.slot >= 0 and np.any(self._in_flight.slots == seq.slot):
             self._arrays.abort_pending[seq.slot] = True
             return None
@@ -208,6 +243,7 @@ class Scheduler:
         )
         plan = self._commit(checked)
         self._in_flight = plan
+        self._version += 1
         return plan
 
     def update(self, plan: StepPlan, result: StepResult) -> StepOutcome:
@@ -223,6 +259,7 @@ class Scheduler:
             raise InvalidResultError(msg)
         result.check_against(plan)
         self._in_flight = None
+        self._version += 1
         self._arrays.computed[plan.slots] = plan.kv_len
         new_tokens = np.where(plan.samples, result.token_ids, -1).astype(np.int32)
         done, reasons = self._record_tokens(plan, result)
@@ -234,6 +271,80 @@ class Scheduler:
             finished=finished,
             duration_s=result.duration_s,
         )
+
+    # ------------------------------------------------------------------ simulation fast path
+    def decode_run(self, max_steps: int) -> DecodeRun | None:
+        """The next steps, if they are certain to be identical pure-decode steps.
+
+        A simulator uses this to advance many steps in one vectorized computation. It applies
+        when no plan is in flight, nothing waits, every running request is decoding, carries
+        no token ids, EOS or stop tokens (its tokens are synthetic), the token budget holds
+        them all, and the policy's phase priority declares ``schedules_every_decode``: then
+        each step until the first finish schedules exactly the same requests, one token each.
+
+        Returns:
+            The run, capped at ``max_steps``, or ``None`` when it does not apply.
+        """
+        arrays, running = self._arrays, self._running
+        if self._in_flight is not None or len(self._waiting) or not len(running) or max_steps < 1:
+            return None
+        if not getattr(self.policy.priority, "schedules_every_decode", False):
+            return None
+        if len(running) > self.policy.budget.max_num_batched_tokens:
+            return None
+        computed, known = arrays.computed[running], arrays.known[running]
+        synthetic = ~(arrays.has_ids[running] | arrays.has_stop_set[running] | arrays.abort_pending[running])
+        if np.count_nonzero(known - computed != 1) or np.count_nonzero(synthetic & (arrays.eos[running] < 0)) < len(
+            running
+        ):
+            return None
+        steps = min(max_steps, int((arrays.max_known[running] - known).min()))  # up to the first finish
+        steps = self._steps_that_fit(computed, steps)
+        if steps < 1:
+            return None
+        ids = tuple(arrays.ids[running].tolist())
+        return DecodeRun(ids, running.copy(), computed + 1, steps, self._version)
+
+    def advance(self, run: DecodeRun, num_steps: int) -> tuple[FinishedRequest, ...]:
+        """Take ``num_steps`` of ``run``'s steps at once: every request computes and samples ``num_steps`` tokens.
+
+        Returns:
+            The requests that finished in the last of the steps (for length).
+
+        Raises:
+            InvalidPlanError: The run is stale (the scheduler changed since it was made) or
+                ``num_steps`` is outside ``[1, run.max_steps]``; nothing changed.
+        """
+        if run._version != self._version:  # noqa: SLF001 -- the run's own token
+            msg = "this DecodeRun is stale: the scheduler changed after decode_run()"
+            raise InvalidPlanError(msg)
+        if not 1 <= num_steps <= run.max_steps:
+            msg = f"num_steps must be in [1, {run.max_steps}], got {num_steps}"
+            raise InvalidPlanError(msg)
+        arrays, slots = self._arrays, run.slots
+        arrays.computed[slots] += num_steps
+        known = arrays.known[slots] + num_steps
+        arrays.known[slots] = known
+        self.kv.grow_many(slots, arrays.computed[slots])
+        self._next_step += num_steps
+        self._version += 1
+        done = slots[known >= arrays.max_known[slots]]
+        return self._finish(done, [FinishReason.LENGTH] * len(done)) if len(done) else ()
+
+    def _steps_that_fit(self, computed: Int32Array, steps: int) -> int:
+        """The most steps (up to ``steps``) whose page growth the free pages cover."""
+        size, held, free = self.kv.page_size, int(self.kv.page_counts[self._running].sum()), self.kv.num_free_pages
+
+        def fits(k: int) -> bool:
+            return int(((computed + (k + size - 1)) // size).sum()) - held <= free
+
+        if steps < 1 or fits(steps):
+            return steps
+        lo, hi = 0, steps  # fits(lo) holds, fits(hi) does not
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            lo, hi = (mid, hi) if fits(mid) else (lo, mid)
+        return lo
 
     # ------------------------------------------------------------------ introspection
     @property
@@ -305,6 +416,7 @@ class Scheduler:
         return seq
 
     def _check_servable(self, request: Request) -> None:
+        """Refuse requests that could never run; a precomputed one must also survive recompute."""
         limit = self.config.max_model_len
         if request.prompt_len > limit:
             raise RequestRejectedError(
@@ -318,7 +430,7 @@ class Scheduler:
                 f"it may hold {most_cached} tokens of KV, more than "
                 f"the {capacity} usable pages of {self.kv.page_size} tokens",
             )
-        first = PrefillCandidate(request, 0, request.prompt_len, ongoing=False)
+        first = PrefillCandidate(request, 0, request.prompt_len, ongoing=False)  # as after a preemption
         empty = ChunkContext(
             self.policy.budget.max_num_batched_tokens, (), np.empty(0, np.int64), np.empty(0, np.int64)
         )
@@ -339,9 +451,10 @@ class Scheduler:
         if selection.admitted:
             admitted, new_requests = self._admit(selection.admitted)
             admitted_tokens = np.asarray(selection.admitted_tokens, dtype=np.int32)
-            self.kv.grow_many(admitted, admitted_tokens)
+            admitted_start = arrays.computed[admitted]  # precomputed (transferred) tokens, usually 0
+            self.kv.grow_many(admitted, admitted_start + admitted_tokens)
             slots = np.concatenate([slots, admitted])
-            start = np.concatenate([start, np.zeros(len(admitted), np.int32)])
+            start = np.concatenate([start, admitted_start])
             known = np.concatenate([known, arrays.known[admitted]])
             num_new = np.concatenate([num_new, admitted_tokens])
         kv_len = start + num_new
@@ -377,6 +490,7 @@ class Scheduler:
             assert seq is not None
             seq.status = RequestStatus.PREEMPTED
             seq.num_preemptions += 1
+            seq.precomputed = 0  # its transferred KV is gone with its pages
             self._waiting.push(seq)
             ids.append(seq.request.request_id)
         self._released.extend(ids)

@@ -117,8 +117,7 @@ def check_selection(  # noqa: PLR0913 -- the state a proposal is checked against
         _require(
             not np.count_nonzero(tokens > known - start), "a request is given more tokens than it has left to compute"
         )
-    if selection.admitted:
-        _check_admitted(selection, waiting)
+    admitted_pages = _check_admitted(selection, waiting, kv) if selection.admitted else 0
     num_running = len(running) - len(selection.preempted) + len(selection.admitted)
     _require(
         num_running <= budget.max_num_seqs, f"{num_running} running sequences exceed max_num_seqs={budget.max_num_seqs}"
@@ -130,7 +129,7 @@ def check_selection(  # noqa: PLR0913 -- the state a proposal is checked against
     )
     size = kv.page_size
     new_pages = ((start + (tokens + (size - 1))) // size - kv.page_counts[slots]).astype(np.int64)
-    _check_pages(int(new_pages.sum()), selection, kv)
+    _check_pages(int(new_pages.sum()) + admitted_pages, selection, kv)
     return CheckedSelection(selection, start, known, new_pages)
 
 
@@ -153,20 +152,24 @@ def _check_slots(slots: Int32Array, preempted: tuple[int, ...], arrays: RunningA
     _require(np.count_nonzero(seen) == len(everyone), "a running request is scheduled or preempted twice")
 
 
-def _check_admitted(selection: Selection, waiting: WaitingQueue) -> None:
+def _check_admitted(selection: Selection, waiting: WaitingQueue, kv: PagedKVManager) -> int:
+    """Check the admissions; return the KV pages they need (their precomputed tokens included)."""
     _require(len(set(selection.admitted)) == len(selection.admitted), "a waiting request is admitted twice")
+    pages = 0
     for request_id, num in zip(selection.admitted, selection.admitted_tokens, strict=True):
         seq = waiting.get(request_id)
         _require(seq is not None, f"admitted request {request_id!r} is not waiting")
         assert seq is not None
+        left = seq.num_tokens - seq.precomputed
         _require(
-            isinstance(num, (int, np.integer)) and 0 < num <= seq.num_tokens,
-            f"admitted request {request_id!r} given {num} tokens of {seq.num_tokens}",
+            isinstance(num, (int, np.integer)) and 0 < num <= left,
+            f"admitted request {request_id!r} given {num} tokens of {left}",
         )
+        pages += kv.pages_for(seq.precomputed + int(num))
+    return pages
 
 
-def _check_pages(running_pages: int, selection: Selection, kv: PagedKVManager) -> None:
-    need = running_pages + sum(kv.pages_for(int(n)) for n in selection.admitted_tokens)
+def _check_pages(need: int, selection: Selection, kv: PagedKVManager) -> None:
     if need <= kv.num_free_pages:
         return
     available = kv.num_free_pages + kv.freed_by_closing(np.asarray(selection.preempted, dtype=np.int32))

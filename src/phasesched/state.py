@@ -42,6 +42,9 @@ class SequenceState:
     num_generated: int = 0
     num_preemptions: int = 0
     slot: int = -1
+    precomputed: int = 0
+    """Leading prompt tokens whose KV arrives with the request (a disaggregated prefill's
+    transfer); lost, and recomputed locally, if the request is preempted."""
 
     @property
     def num_tokens(self) -> int:
@@ -51,12 +54,19 @@ class SequenceState:
 
 @attrs.frozen
 class WaitingCandidate:
-    """A waiting request as policies see it; it holds no KV, so its computed count is 0."""
+    """A waiting request as policies see it."""
 
     request: Request
     num_tokens: int
-    """Tokens to compute before it samples: its prompt plus any tokens generated before a preemption."""
+    """Tokens known: its prompt plus any tokens generated before a preemption."""
     num_preemptions: int
+    num_computed: int = 0
+    """Tokens whose KV it brings (transferred from a prefill worker); 0 for a plain request."""
+
+    @property
+    def remaining(self) -> int:
+        """Tokens to compute before it samples."""
+        return self.num_tokens - self.num_computed
 
     @property
     def request_id(self) -> str:
@@ -251,10 +261,10 @@ class RunningArrays:
             setattr(self, name, grown)
 
     def load(self, slot: int, seq: SequenceState, max_model_len: int) -> None:
-        """Fill ``slot`` for a request starting (or restarting) from zero computed tokens."""
+        """Fill ``slot`` for a request starting (or restarting) from its precomputed tokens."""
         self.ensure(slot)
         request = seq.request
-        self.computed[slot] = 0
+        self.computed[slot] = seq.precomputed
         self.known[slot] = seq.num_tokens
         self.prompt_len[slot] = request.prompt_len
         self.max_known[slot] = min(request.max_total_tokens, max_model_len)
@@ -364,7 +374,7 @@ class SchedulerView:
     def waiting(self) -> Iterator[WaitingCandidate]:
         """Waiting requests in queue order, lazily."""
         for seq in self._waiting.ordered():
-            yield WaitingCandidate(seq.request, seq.num_tokens, seq.num_preemptions)
+            yield WaitingCandidate(seq.request, seq.num_tokens, seq.num_preemptions, seq.precomputed)
 
     def freed_by_preempting(self, slots: Int32Array) -> int:
         """KV pages that preempting ``slots`` would return to the pool."""

@@ -200,24 +200,24 @@ class BatchBuilder:
             return AddResult.NO_TOKENS
         if self.seq_room <= 0 and not self._preempt_for(candidate):
             return AddResult.NO_SEQS
-        prefill = PrefillCandidate(candidate.request, 0, candidate.num_tokens, ongoing=False)
+        prefill = PrefillCandidate(candidate.request, candidate.num_computed, candidate.num_tokens, ongoing=False)
         size = self._chunk(prefill, exclude=candidate.request_id) if num_new is None else num_new
         if size == 0:
             return AddResult.DECLINED
-        if not 0 < size <= min(candidate.num_tokens, self.tokens_left):
+        if not 0 < size <= min(candidate.remaining, self.tokens_left):
             msg = f"cannot admit {candidate.request_id!r} with {size} tokens"
             raise InvalidPlanError(msg)
         whole = self.view.pages_for(candidate.num_tokens)
         while whole > self.pages_left - self.view.watermark_pages - sum(self._reserve.values()):
             if not self._preempt_for(candidate):
                 return AddResult.NO_PAGES
-        pages = self.view.pages_for(size)
+        pages = self.view.pages_for(candidate.num_computed + size)
         self._admitted.append((candidate, size))
         self.tokens_left -= size
         self.seq_room -= 1
         self.pages_left -= pages
-        if size < candidate.num_tokens:
-            self._partial[candidate.request_id] = candidate.num_tokens
+        if size < candidate.remaining:
+            self._partial[candidate.request_id] = candidate.remaining
             self._reserve[candidate.request_id] = whole - pages
         return AddResult.ADDED
 

@@ -8,7 +8,7 @@ decode for the length of the prefill step.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, ClassVar, Protocol, runtime_checkable
 
 import attrs
 import numpy as np
@@ -63,6 +63,13 @@ class DecodeFirst:
 
     max_declined: int = attrs.field(default=8, validator=attrs.validators.ge(0))
 
+    schedules_every_decode: ClassVar[bool] = True
+    """When nothing waits and every running request decodes, each step schedules them all.
+
+    Simulators may then advance many such steps at once (``Scheduler.decode_run``). A plugin
+    policy opts in by declaring the same.
+    """
+
     def select(self, view: SchedulerView, builder: BatchBuilder) -> Selection:
         """Decodes, then chunks, then admissions."""
         builder.make_room_for_waiting()
@@ -82,6 +89,13 @@ class PrefillFirst:
 
     mix_decodes: bool = False
     max_declined: int = attrs.field(default=8, validator=attrs.validators.ge(0))
+
+    schedules_every_decode: ClassVar[bool] = True
+    """When nothing waits and every running request decodes, each step schedules them all.
+
+    Simulators may then advance many such steps at once (``Scheduler.decode_run``). A plugin
+    policy opts in by declaring the same.
+    """
 
     def select(self, view: SchedulerView, builder: BatchBuilder) -> Selection:
         """Prefills, then decodes only if there were none (or mixing is on)."""
@@ -105,6 +119,13 @@ class EqualProgress:
     unit: int = attrs.field(default=64, validator=attrs.validators.gt(0))
     max_prompts: int = attrs.field(default=16, validator=attrs.validators.gt(0))
 
+    schedules_every_decode: ClassVar[bool] = True
+    """When nothing waits and every running request decodes, each step schedules them all.
+
+    Simulators may then advance many such steps at once (``Scheduler.decode_run``). A plugin
+    policy opts in by declaring the same.
+    """
+
     def select(self, view: SchedulerView, builder: BatchBuilder) -> Selection:
         """Decodes, then equal shares of the rest."""
         builder.make_room_for_waiting()
@@ -112,7 +133,7 @@ class EqualProgress:
         ongoing = builder.running_prefills()[: self.max_prompts]
         waiting = self._waiting(view, builder, self.max_prompts - len(ongoing))
         needs = [int(view.num_tokens[s] - view.num_computed[s]) for s in ongoing.tolist()]
-        needs += [c.num_tokens for c in waiting]
+        needs += [c.remaining for c in waiting]
         shares = self._deal(needs, builder.tokens_left)
         for slot, share in zip(ongoing.tolist(), shares, strict=False):
             if share:

@@ -1,8 +1,16 @@
-"""Simulation: workloads, trace replay and (soon) a discrete-event simulator to run them through."""
+"""Simulation: workloads, trace replay, and a discrete-event simulator that runs them through real schedulers."""
 
 from __future__ import annotations
 
-# --- workloads and traces (phasesched.sim.workload, phasesched.sim.traces) -------------------
+from phasesched.sim.deployment import Deployment as Deployment
+from phasesched.sim.deployment import Disaggregation as Disaggregation
+from phasesched.sim.executor import SimulatedExecutor as SimulatedExecutor
+from phasesched.sim.link import KVLink as KVLink
+from phasesched.sim.simulator import SimResult as SimResult
+from phasesched.sim.simulator import Simulator as Simulator
+from phasesched.sim.simulator import WorkerStats as WorkerStats
+from phasesched.sim.simulator import simulate as simulate
+
 from phasesched.sim.traces import LengthStats as LengthStats
 from phasesched.sim.traces import TraceFormat as TraceFormat
 from phasesched.sim.traces import TraceFormatError as TraceFormatError
@@ -28,33 +36,37 @@ from phasesched.sim.workload import grid_points as grid_points
 from phasesched.sim.workload import mixed_load as mixed_load
 from phasesched.sim.workload import synthetic as synthetic
 
-# --- end of workloads and traces -------------------------------------------------------------
-
 __all__ = [
-    # --- workloads and traces ---
     "ArrivalProcess",
     "Burst",
     "ClosedLoop",
+    "Deployment",
+    "Disaggregation",
     "Empirical",
     "Fixed",
     "Gamma",
     "GridPoint",
+    "KVLink",
     "LengthDist",
     "LengthStats",
     "LogNormal",
     "Periodic",
     "Poisson",
+    "SimResult",
+    "SimulatedExecutor",
+    "Simulator",
     "TraceFormat",
     "TraceFormatError",
     "TraceStats",
     "Uniform",
+    "WorkerStats",
     "Workload",
     "fixed",
     "grid_points",
     "load_trace",
     "mixed_load",
+    "simulate",
     "synthetic",
     "trace_stats",
     "write_trace",
-    # --- end of workloads and traces ---
 ]

@@ -1,0 +1,91 @@
+"""What a simulated worker is: GPUs, model, KV geometry, and how step time is predicted."""
+
+from __future__ import annotations
+
+import attrs
+
+from phasesched.costmodel.models import model_by_name
+from phasesched.costmodel.protocol import CostModel
+from phasesched.costmodel.roofline import RooflineCostModel
+from phasesched.scheduler import SchedulerConfig
+
+__all__ = ["Deployment", "Disaggregation"]
+
+
+@attrs.frozen
+class Deployment:
+    """One worker: ``tensor_parallel`` GPUs of one kind serving one model.
+
+    Attributes:
+        hardware: A hardware preset (``H200``, ``H100-SXM``, ``A100-80GB``).
+        model: A model preset (``llama-3-8b``, ``llama-3-70b``).
+        tensor_parallel: GPUs per worker.
+        page_size: Tokens per KV page.
+        gpu_memory_utilization: Fraction of GPU memory for weights plus KV (vLLM's knob).
+        max_model_len: Longest sequence served.
+        cost_model: Overrides the roofline built from ``hardware`` and ``model`` (a profiled table, say).
+        num_pages: Overrides the KV capacity derived from memory.
+
+    >>> deployment = Deployment()
+    >>> deployment.kv_pages() > 40_000       # H200 + Llama-3-8B: ~760K tokens of KV
+    True
+    """
+
+    hardware: str = "H200"
+    model: str = "llama-3-8b"
+    tensor_parallel: int = attrs.field(default=1, validator=attrs.validators.gt(0))
+    page_size: int = attrs.field(default=16, validator=attrs.validators.gt(0))
+    gpu_memory_utilization: float = attrs.field(
+        default=0.9, validator=[attrs.validators.gt(0.0), attrs.validators.le(1.0)]
+    )
+    max_model_len: int = attrs.field(default=32768, validator=attrs.validators.gt(0))
+    cost_model: CostModel | None = None
+    num_pages: int | None = None
+
+    def roofline(self) -> RooflineCostModel:
+        """The roofline model for this hardware, model and parallelism."""
+        return RooflineCostModel.from_names(self.hardware, self.model, self.tensor_parallel)
+
+    def step_cost(self) -> CostModel:
+        """The cost model steps are priced with."""
+        return self.cost_model if self.cost_model is not None else self.roofline()
+
+    def kv_pages(self) -> int:
+        """KV pages per worker: what fits beside the weights, unless overridden.
+
+        Raises:
+            ValueError: The weights leave no room for KV.
+        """
+        if self.num_pages is not None:
+            return self.num_pages
+        pages = self.roofline().kv_capacity_tokens(self.gpu_memory_utilization) // self.page_size
+        if pages <= 0:
+            msg = f"{self.model} does not fit on {self.tensor_parallel} x {self.hardware} with room for KV"
+            raise ValueError(msg)
+        return pages
+
+    def kv_bytes_per_token(self) -> int:
+        """KV bytes one token occupies across the whole model (what a disaggregated transfer moves)."""
+        return model_by_name(self.model).kv_bytes_per_token
+
+    def scheduler_config(self) -> SchedulerConfig:
+        """The scheduler configuration of one worker."""
+        return SchedulerConfig(num_pages=self.kv_pages(), page_size=self.page_size, max_model_len=self.max_model_len)
+
+
+@attrs.frozen
+class Disaggregation:
+    """Separate prefill and decode pools joined by a KV-transfer link.
+
+    Attributes:
+        prefill_workers: Workers that only prefill (P).
+        decode_workers: Workers that only decode (D).
+        link_bandwidth_gbs: Link bandwidth in GB/s, shared equally by concurrent transfers
+            (50: 400 Gb/s InfiniBand; 450: NVLink within a node).
+        link_latency_s: Fixed latency added to every transfer.
+    """
+
+    prefill_workers: int = attrs.field(default=1, validator=attrs.validators.gt(0))
+    decode_workers: int = attrs.field(default=1, validator=attrs.validators.gt(0))
+    link_bandwidth_gbs: float = attrs.field(default=50.0, validator=attrs.validators.gt(0.0))
+    link_latency_s: float = attrs.field(default=20e-6, validator=attrs.validators.ge(0.0))

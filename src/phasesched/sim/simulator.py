@@ -1,0 +1,400 @@
+"""The discrete-event simulator: workloads through real schedulers, with cost-model time.
+
+Each worker owns a :class:`~phasesched.Scheduler` (the same code an engine runs) and a cost
+model. Events are kept in a heap keyed by ``(time, sequence)``: arrivals, step ends, transfers
+finishing on the KV link and KV landing on a decode worker. All events at one instant are
+handled before any idle worker starts its next step, so a request arriving exactly at a step
+boundary joins that step, whichever event was queued first.
+
+Aggregated runs have ``replicas`` workers that prefill and decode. Disaggregated runs have a
+prefill pool and a decode pool: a prefill worker computes the prompt (its sampled token is not
+the user's), the KV crosses a shared link, and a decode worker admits the request with the
+prompt's KV in place, as vLLM's disaggregated prefill does (the last prompt token is recomputed
+there; its logits give the first token, which is when TTFT ends).
+
+Between events, a worker whose batch is all decodes takes identical steps; with
+``fast_forward`` it takes as many as happen before anything can change its batch in one
+vectorized computation (:meth:`phasesched.Scheduler.decode_run`), with exactly the times that
+stepping one by one would give.
+"""
+
+from __future__ import annotations
+
+import enum
+import heapq
+import itertools
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import attrs
+import numpy as np
+
+from phasesched.costmodel.protocol import CostModel, decode_step_times
+from phasesched.executor import StepResult
+from phasesched.metrics.recorder import MetricsRecorder, Role, WorkerRecorder
+from phasesched.metrics.summary import RunMetrics, summarize
+from phasesched.plan import StepPlan
+from phasesched.policies.policy import SchedulingPolicy
+from phasesched.request import Request
+from phasesched.scheduler import DecodeRun, Scheduler
+from phasesched.sim.deployment import Deployment, Disaggregation
+from phasesched.sim.executor import SimulatedExecutor
+from phasesched.sim.link import KVLink
+from phasesched.sim.workload import ClosedLoop, Workload
+
+__all__ = ["SimResult", "Simulator", "WorkerStats", "simulate"]
+
+Progress = Callable[[int, int], None]
+"""Called as ``progress(completed, total)`` while a simulation runs."""
+
+
+class _Event(enum.IntEnum):
+    ARRIVAL = 0
+    STEP_END = 1
+    LINK = 2
+    DELIVER = 3
+
+
+@attrs.frozen
+class WorkerStats:
+    """What one worker did: its role, steps taken and seconds busy."""
+
+    role: Role
+    steps: int
+    busy_s: float
+
+
+@attrs.frozen(eq=False)
+class SimResult:
+    """A simulation's outcome.
+
+    Attributes:
+        metrics: The run's metrics (``metrics.values`` uses vLLM's key names).
+        workers: Per-worker activity.
+        wall_s: Wall-clock seconds the simulation took.
+        steps: Model steps simulated (fast-forwarded ones included).
+        fast_forwarded_steps: Steps taken inside vectorized decode runs.
+    """
+
+    metrics: RunMetrics
+    workers: tuple[WorkerStats, ...]
+    wall_s: float
+    steps: int
+    fast_forwarded_steps: int
+
+    def to_dict(self) -> dict[str, Any]:
+        """Metrics plus simulation bookkeeping, JSON-ready."""
+        out = self.metrics.to_dict()
+        out["sim_wall_s"] = self.wall_s
+        out["sim_steps"] = self.steps
+        out["sim_fast_forwarded_steps"] = self.fast_forwarded_steps
+        out["workers"] = [{"role": w.role.value, "steps": w.steps, "busy_s": w.busy_s} for w in self.workers]
+        return out
+
+
+@attrs.define(eq=False)
+class _Worker:
+    index: int
+    role: Role
+    scheduler: Scheduler
+    recorder: WorkerRecorder
+    executor: SimulatedExecutor
+    busy: bool = False
+    plan: StepPlan | None = None
+    result: StepResult | None = None
+    start: float = 0.0
+    steps: int = 0
+    fast_forwarded: int = 0
+    busy_s: float = 0.0
+    finishing: int = 0
+    """Requests a decode run in flight has finished ahead of its end: still counted as load."""
+
+    @property
+    def load(self) -> int:
+        """Requests the router counts against this worker, as stepping one by one would see them."""
+        return self.scheduler.num_unfinished + self.finishing
+
+    @property
+    def cost(self) -> CostModel:
+        return self.executor.cost_model
+
+
+class Simulator:
+    """Runs one workload through one policy on one deployment. See the module docstring.
+
+    Args:
+        workload: Requests with arrival times, or a closed loop.
+        policy: The scheduling policy every worker uses.
+        deployment: Each worker's hardware, model and KV.
+        replicas: Aggregated workers (ignored when ``disaggregation`` is given).
+        disaggregation: Prefill and decode pools, and their link.
+        ttft_slo_s: Goodput's TTFT target.
+        tpot_slo_s: Goodput's TPOT target.
+        keep_requests: Keep a record per finished request in the result.
+        keep_gaps: Keep every token gap with its end time (``metrics.gaps``), for window analyses.
+        fast_forward: Advance runs of pure-decode steps in one computation.
+        max_decode_run: Longest run taken at once.
+        progress: Called with ``(completed, total)`` as requests finish.
+    """
+
+    def __init__(  # noqa: PLR0913 -- the simulation's knobs, all keyword-only
+        self,
+        workload: Workload | ClosedLoop,
+        policy: SchedulingPolicy,
+        deployment: Deployment | None = None,
+        *,
+        replicas: int = 1,
+        disaggregation: Disaggregation | None = None,
+        ttft_slo_s: float | None = None,
+        tpot_slo_s: float | None = None,
+        keep_requests: bool = False,
+        keep_gaps: bool = False,
+        fast_forward: bool = True,
+        max_decode_run: int = 4096,
+        progress: Progress | None = None,
+    ) -> None:
+        self.deployment = deployment or Deployment()
+        self.policy = policy
+        self.fast_forward = fast_forward
+        self.max_decode_run = max_decode_run
+        self.progress = progress
+        self.recorder = MetricsRecorder(
+            ttft_slo_s=ttft_slo_s, tpot_slo_s=tpot_slo_s, keep_requests=keep_requests, keep_gaps=keep_gaps
+        )
+        self.closed_loop = workload if isinstance(workload, ClosedLoop) else None
+        source = workload.as_workload() if isinstance(workload, ClosedLoop) else workload
+        self.total = len(source)
+        self._requests: Iterator[Request] = source.requests()
+        self.workers = self._make_workers(replicas, disaggregation)
+        self.link = (
+            None
+            if disaggregation is None
+            else KVLink(disaggregation.link_bandwidth_gbs * 1e9, disaggregation.link_latency_s)
+        )
+        self._heap: list[tuple[float, int, _Event, Any]] = []
+        self._sequence = itertools.count()
+        self._link_version = 0
+        self._awaiting_decode: dict[str, Request] = {}
+        self._issued = 0
+        self._first_arrival: float | None = None
+        self._last_finish = 0.0
+
+    # ---------------------------------------------------------------- running
+    def run(self) -> SimResult:
+        """Simulate until every request has finished."""
+        wall = time.perf_counter()
+        self._issue_initial()
+        while self._heap:
+            now = self._heap[0][0]
+            touched: dict[int, _Worker] = {}
+            while self._heap and self._heap[0][0] == now:
+                _, _, kind, payload = heapq.heappop(self._heap)
+                self._handle(kind, payload, now, touched)
+            for worker in touched.values():
+                self._start(worker, now)
+        return self._result(time.perf_counter() - wall)
+
+    def _handle(self, kind: _Event, payload: Any, now: float, touched: dict[int, _Worker]) -> None:
+        if kind is _Event.ARRIVAL:
+            worker = self._arrive(payload, now)
+            touched[worker.index] = worker
+            if self.closed_loop is None:
+                self._push_next_arrival()
+        elif kind is _Event.STEP_END:
+            self._step_end(payload, now)
+            touched[payload.index] = payload
+        elif kind is _Event.LINK:
+            if payload == self._link_version:
+                self._link_progress(now)
+        else:
+            worker = self._deliver(payload, now)
+            touched[worker.index] = worker
+
+    def _start(self, worker: _Worker, now: float) -> None:
+        """Start ``worker``'s next step (or decode run) at ``now`` if it is idle and has work."""
+        if worker.busy:
+            return
+        if self.fast_forward:
+            run = worker.scheduler.decode_run(self.max_decode_run)
+            if run is not None:
+                self._decode_run(worker, run, now)
+                return
+        plan = worker.scheduler.schedule(now)
+        if plan.is_empty:
+            worker.scheduler.update(plan, StepResult(step_id=plan.step_id, token_ids=np.empty(0, np.int32)))
+            return
+        result = worker.executor.execute(plan)
+        duration = result.duration_s or 0.0
+        worker.plan, worker.result, worker.start, worker.busy = plan, result, now, True
+        worker.steps += 1
+        worker.busy_s += duration
+        self._push(now + duration, _Event.STEP_END, worker)
+
+    def _decode_run(self, worker: _Worker, run: DecodeRun, now: float) -> None:
+        """Take as many of ``run``'s steps as start before anything can change the batch."""
+        horizon = self._horizon(worker)
+        ends = self._step_ends(worker, run, now, horizon)
+        count = min(1 + int(np.searchsorted(ends[:-1], horizon, side="left")), len(ends))
+        finished = worker.scheduler.advance(run, count)
+        end = float(ends[count - 1])
+        left = worker.recorder.on_decode_run(run, ends[:count], (f.request_id for f in finished))
+        worker.busy, worker.plan, worker.finishing = True, None, len(finished)
+        worker.steps += count
+        worker.fast_forwarded += count
+        worker.busy_s += end - now
+        self._push(end, _Event.STEP_END, worker)
+        if left:
+            self._finished(len(left), end)
+
+    def _step_ends(self, worker: _Worker, run: DecodeRun, now: float, horizon: float) -> np.ndarray:
+        """End times of the run's steps, priced in growing batches until one ends past ``horizon``."""
+        priced = min(run.max_steps, 64)
+        while True:
+            durations = decode_step_times(worker.cost, run.kv_len, priced)
+            # Sequential sums, exactly as stepping one by one accumulates the clock.
+            ends = np.cumsum(np.concatenate(([now], durations)))[1:]
+            if priced == run.max_steps or ends[-1] >= horizon:
+                return ends
+            priced = min(run.max_steps, priced * 4)
+
+    def _step_end(self, worker: _Worker, now: float) -> None:
+        worker.busy, worker.finishing = False, 0
+        if worker.plan is None:  # a decode run: already recorded
+            return
+        assert worker.result is not None
+        outcome = worker.scheduler.update(worker.plan, worker.result)
+        left = worker.recorder.on_step(worker.plan, outcome, worker.start, now)
+        worker.plan = worker.result = None
+        if worker.role is Role.PREFILL:
+            for request_id in left:
+                self._start_transfer(request_id, now)
+        elif left:
+            self._finished(len(left), now)
+
+    # ---------------------------------------------------------------- requests
+    def _issue_initial(self) -> None:
+        if self.closed_loop is None:
+            self._push_next_arrival()
+            return
+        for _ in range(min(self.closed_loop.concurrency, self.total)):
+            self._issue_closed_loop(0.0)
+
+    def _push_next_arrival(self) -> None:
+        request = next(self._requests, None)
+        if request is not None:
+            self._issued += 1
+            self._push(request.arrival_time, _Event.ARRIVAL, request)
+
+    def _issue_closed_loop(self, now: float) -> None:
+        request = next(self._requests, None)
+        if request is not None:
+            self._issued += 1
+            self._push(now, _Event.ARRIVAL, attrs.evolve(request, arrival_time=now))
+
+    def _arrive(self, request: Request, now: float) -> _Worker:
+        if self._first_arrival is None:
+            self._first_arrival = now
+        self.recorder.arrive(request, now)
+        role = Role.PREFILL if self.link is not None else Role.BOTH
+        worker = self._least_loaded(role)
+        if role is Role.PREFILL:
+            self._awaiting_decode[request.request_id] = request
+            request = attrs.evolve(request, max_new_tokens=1)
+        worker.scheduler.add_request(request)
+        return worker
+
+    def _finished(self, count: int, now: float) -> None:
+        self._last_finish = max(self._last_finish, now)  # decode runs report finishes ahead of time
+        if self.progress is not None:
+            self.progress(self.recorder.completed, self.total)
+        if self.closed_loop is not None:
+            for _ in range(count):
+                self._issue_closed_loop(now + self.closed_loop.think_time_s)
+
+    def _least_loaded(self, role: Role) -> _Worker:
+        candidates = [w for w in self.workers if w.role is role]
+        return min(candidates, key=lambda w: (w.load, w.index))
+
+    # ---------------------------------------------------------------- the KV link
+    def _start_transfer(self, request_id: str, now: float) -> None:
+        assert self.link is not None
+        request = self._awaiting_decode[request_id]
+        self.link.start(request_id, request.prompt_len * self.deployment.kv_bytes_per_token(), now)
+        self._reschedule_link()
+
+    def _link_progress(self, now: float) -> None:
+        assert self.link is not None
+        for request_id, lands in self.link.pop_done(now):
+            self._push(lands, _Event.DELIVER, request_id)
+        self._reschedule_link()
+
+    def _reschedule_link(self) -> None:
+        assert self.link is not None
+        self._link_version += 1
+        done = self.link.next_done()
+        if done != float("inf"):
+            self._push(done, _Event.LINK, self._link_version)
+
+    def _deliver(self, request_id: str, now: float) -> _Worker:
+        request = self._awaiting_decode.pop(request_id)
+        self.recorder.transferred(request_id, now)
+        worker = self._least_loaded(Role.DECODE)
+        worker.scheduler.add_request(request, precomputed_tokens=request.prompt_len - 1)
+        return worker
+
+    # ---------------------------------------------------------------- plumbing
+    def _push(self, when: float, kind: _Event, payload: Any) -> None:
+        heapq.heappush(self._heap, (when, next(self._sequence), kind, payload))
+
+    def _horizon(self, worker: _Worker) -> float:
+        """The earliest pending event that could change ``worker``'s batch."""
+        times = [when for when, _, kind, payload in self._heap if self._affects(worker, kind, payload)]
+        return min(times, default=float("inf"))
+
+    def _affects(self, worker: _Worker, kind: _Event, payload: Any) -> bool:
+        if kind is _Event.ARRIVAL:
+            return True  # a decode worker's work starts as an arrival at a prefill worker
+        if kind in (_Event.LINK, _Event.DELIVER):
+            return worker.role is Role.DECODE
+        other: _Worker = payload
+        if other is worker:
+            return False
+        if worker.role is Role.DECODE:
+            return other.role is Role.PREFILL
+        return self.closed_loop is not None  # finishes elsewhere issue new requests
+
+    def _make_workers(self, replicas: int, disaggregation: Disaggregation | None) -> list[_Worker]:
+        if disaggregation is None:
+            roles = [Role.BOTH] * replicas
+        else:
+            roles = [Role.PREFILL] * disaggregation.prefill_workers + [Role.DECODE] * disaggregation.decode_workers
+        config = self.deployment.scheduler_config()
+        executor = SimulatedExecutor(self.deployment.step_cost())
+        return [
+            _Worker(i, role, Scheduler(config, self.policy), self.recorder.worker(role), executor)
+            for i, role in enumerate(roles)
+        ]
+
+    def _result(self, wall_s: float) -> SimResult:
+        duration = max(self._last_finish - (self._first_arrival or 0.0), 0.0)
+        requests = self.recorder.records if self.recorder.keep_requests else None
+        metrics = summarize(self.recorder.counters(), duration, requests, self.recorder.gap_log())
+        stats = tuple(WorkerStats(w.role, w.steps, w.busy_s) for w in self.workers)
+        steps = sum(w.steps for w in self.workers)
+        fast = sum(w.fast_forwarded for w in self.workers)
+        return SimResult(metrics, stats, wall_s, steps, fast)
+
+
+def simulate(
+    workload: Workload | ClosedLoop, policy: SchedulingPolicy, deployment: Deployment | None = None, **options: Any
+) -> SimResult:
+    """Run one simulation; ``options`` are :class:`Simulator`'s keyword arguments.
+
+    >>> from phasesched import load_policy
+    >>> from phasesched.sim.workload import fixed
+    >>> result = simulate(fixed(8, prompt_len=512, output_len=32), load_policy("vllm"))
+    >>> result.metrics["completed"], result.metrics["total_output_tokens"]
+    (8, 256)
+    """
+    return Simulator(workload, policy, deployment, **options).run()

@@ -1,0 +1,235 @@
+"""The discrete-event simulator: conservation of latency, interference, disaggregation, fast-forward."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from phasesched import PolicyOptions, load_policy
+from phasesched.costmodel import RooflineCostModel
+from phasesched.sim import (
+    ClosedLoop,
+    Deployment,
+    Disaggregation,
+    Gamma,
+    KVLink,
+    Poisson,
+    SimResult,
+    Simulator,
+    Uniform,
+    fixed,
+    mixed_load,
+    simulate,
+    synthetic,
+)
+
+ROOFLINE = RooflineCostModel.from_names("H200", "llama-3-8b")
+
+
+def mixed(**kwargs: object) -> SimResult:
+    """32 short requests decoding when a 16K prompt arrives at 0.5 s."""
+    workload = mixed_load(num_short=32, short_prompt=512, short_output=300, long_prompt=16384, long_arrival_s=0.5)
+    return simulate(workload, keep_requests=True, keep_gaps=True, **kwargs)  # type: ignore[arg-type]
+
+
+def long_record(result: SimResult) -> object:
+    assert result.metrics.requests is not None
+    return next(r for r in result.metrics.requests if r.prompt_len == 16384)
+
+
+class TestLatencyBudget:
+    @pytest.mark.parametrize(
+        "options",
+        [
+            {"policy": load_policy("vllm")},
+            {"policy": load_policy("sarathi")},
+            {"policy": load_policy("sglang")},
+            {"policy": load_policy("vllm"), "disaggregation": Disaggregation(1, 2)},
+            {"policy": load_policy("sarathi"), "deployment": Deployment(num_pages=1200)},
+        ],
+        ids=["vllm", "sarathi", "sglang", "disaggregated", "preempting"],
+    )
+    def test_budget_sums_to_latency_for_every_request(self, options: dict[str, object]) -> None:
+        """Queue + prefill + interference + transfer + first decode + decode equals each request's latency."""
+        workload = synthetic(60, Gamma(rate=20.0, cv=3.0), Uniform(16, 6000), Uniform(1, 300), seed=4)
+        result = simulate(workload, keep_requests=True, **options)  # type: ignore[arg-type]
+        assert result.metrics.requests is not None
+        assert len(result.metrics.requests) == 60
+        for record in result.metrics.requests:
+            assert record.budget.total_s == pytest.approx(record.e2el_s, rel=1e-9, abs=1e-12)
+            ttft_parts = record.budget.total_s - record.budget.decode_s
+            assert ttft_parts == pytest.approx(record.ttft_s, rel=1e-9, abs=1e-12)
+            assert min(record.budget.as_dict().values()) >= -1e-12
+        if "deployment" in options:
+            assert result.metrics["num_preemptions"] > 0
+
+    def test_mean_budget_keys(self) -> None:
+        """The run reports the mean budget per phase, and it adds up to the mean latency."""
+        result = simulate(fixed(16, 700, 40, rate=30.0), load_policy("sarathi"))
+        phases = ("queue", "prefill", "interference", "transfer", "first_decode", "decode")
+        total = sum(result.metrics[f"mean_{p}_ms"] for p in phases)
+        assert total == pytest.approx(result.metrics["mean_e2el_ms"], rel=1e-9)
+
+
+class TestInterference:
+    def test_no_chunking_stalls_decodes_for_the_whole_prefill(self) -> None:
+        """Without chunking, decodes beside a 16K prompt wait at least its prefill time."""
+        result = mixed(policy=load_policy("no-chunk"))
+        prefill_alone = ROOFLINE.step_time(np.array([16384]), np.array([16384]))
+        assert result.metrics.gaps is not None
+        assert result.metrics.gaps.gap_s.max() >= prefill_alone
+
+    def test_small_chunks_keep_gaps_near_the_decode_step(self) -> None:
+        """With 512-token chunks, p99 token gaps during the long prefill stay within a small factor of a decode step."""
+        result = mixed(policy=load_policy("sarathi", PolicyOptions(chunk_size=512)))
+        record = long_record(result)
+        assert result.metrics.gaps is not None
+        window = result.metrics.gaps.overlapping(0.5, 0.5 + record.ttft_s)  # type: ignore[attr-defined]
+        decode_step = ROOFLINE.step_time(np.ones(32, np.int64), np.full(32, 700))
+        assert np.percentile(window, 99) < 5 * decode_step
+        assert record.ttft_s > ROOFLINE.step_time(np.array([16384]), np.array([16384]))  # chunking costs prefill time
+
+    def test_prefill_first_stalls_decode_first_does_not(self) -> None:
+        """SGLang-style prefill-first pauses decodes for its prefill steps; Sarathi's decode-first does not."""
+        stall = mixed(policy=load_policy("sglang")).metrics["max_itl_ms"]
+        smooth = mixed(policy=load_policy("sarathi")).metrics["max_itl_ms"]
+        assert stall > 10 * smooth
+
+
+class TestDisaggregation:
+    def run(self, prompt: int, bandwidth_gbs: float) -> object:
+        workload = fixed(1, prompt, 8)
+        result = simulate(
+            workload, load_policy("vllm"), disaggregation=Disaggregation(1, 1, bandwidth_gbs), keep_requests=True
+        )
+        assert result.metrics.requests is not None
+        return result.metrics.requests[0]
+
+    def test_transfer_time_grows_with_prompt_over_bandwidth(self) -> None:
+        """The KV transfer in TTFT is prompt bytes over link bandwidth, plus latency."""
+        kv_bytes = Deployment().kv_bytes_per_token()
+        for prompt, bandwidth in ((1024, 50.0), (8192, 50.0), (8192, 10.0)):
+            record = self.run(prompt, bandwidth)
+            expected = prompt * kv_bytes / (bandwidth * 1e9) + 20e-6
+            assert record.budget.transfer_s == pytest.approx(expected, rel=1e-6)  # type: ignore[attr-defined]
+        small, large, slow = self.run(1024, 50.0), self.run(8192, 50.0), self.run(8192, 10.0)
+        assert small.ttft_s < large.ttft_s < slow.ttft_s  # type: ignore[attr-defined]
+
+    def test_shared_link_slows_concurrent_transfers(self) -> None:
+        """Two transfers started together share the link and both take twice as long."""
+        link = KVLink(bandwidth_bytes_per_s=1e9, latency_s=0.0)
+        link.start("a", 1e9, now=0.0)
+        link.start("b", 1e9, now=0.0)
+        assert link.next_done() == pytest.approx(2.0)
+        link2 = KVLink(bandwidth_bytes_per_s=1e9)
+        link2.start("a", 1e9, now=0.0)
+        link2.start("b", 1e9, now=0.5)  # a has 0.5 GB left, b 1 GB: a finishes at 1.5
+        assert link2.next_done() == pytest.approx(1.5)
+        assert [t for t, _ in link2.pop_done(1.5)] == ["a"]
+        assert link2.next_done() == pytest.approx(2.0)
+
+    def test_decode_worker_admits_only_what_fits(self) -> None:
+        """A decode worker with little KV queues transferred requests until pages free up."""
+        deployment = Deployment(num_pages=300)
+        result = simulate(
+            fixed(6, 2000, 50), load_policy("vllm"), deployment, disaggregation=Disaggregation(2, 1), keep_requests=True
+        )
+        assert result.metrics["completed"] == 6
+        assert result.metrics.requests is not None
+        assert max(r.budget.first_decode_s for r in result.metrics.requests) > 0.05
+
+
+class TestSimulator:
+    def test_deterministic(self) -> None:
+        """The same inputs give exactly the same results."""
+        workload = synthetic(200, Poisson(30.0), Uniform(10, 3000), Uniform(1, 200), seed=9)
+        a = simulate(workload, load_policy("vllm")).metrics.to_dict()
+        b = simulate(workload, load_policy("vllm")).metrics.to_dict()
+        assert a == b
+
+    def test_closed_loop_keeps_concurrency(self) -> None:
+        """A closed loop of one client sends requests one after another: each waits for nothing."""
+        result = simulate(ClosedLoop(1, 5, prompt=1000, output=20), load_policy("vllm"), keep_requests=True)
+        assert result.metrics["completed"] == 5
+        assert result.metrics.requests is not None
+        assert all(r.budget.queue_s == 0.0 for r in result.metrics.requests)
+        ends = sorted(r.arrival_s + r.e2el_s for r in result.metrics.requests)
+        arrivals = sorted(r.arrival_s for r in result.metrics.requests)
+        assert arrivals[1:] == pytest.approx(ends[:-1])
+
+    def test_replicas_share_the_load(self) -> None:
+        """Two replicas serve a saturating load with lower latency than one."""
+        workload = fixed(64, 2000, 100, rate=50.0)
+        one = simulate(workload, load_policy("vllm")).metrics["mean_e2el_ms"]
+        two = simulate(workload, load_policy("vllm"), replicas=2).metrics["mean_e2el_ms"]
+        assert two < one
+
+    def test_goodput_counts_requests_within_slo(self) -> None:
+        """Goodput counts only requests that meet both the TTFT and TPOT targets."""
+        workload = fixed(20, 4000, 50, rate=40.0)
+        loose = simulate(workload, load_policy("vllm"), ttft_slo_s=100.0, tpot_slo_s=100.0).metrics
+        tight = simulate(workload, load_policy("vllm"), ttft_slo_s=0.15, tpot_slo_s=100.0).metrics
+        assert loose["request_goodput"] == pytest.approx(loose["request_throughput"])
+        assert 0 < tight["request_goodput"] < loose["request_goodput"]
+
+    def test_finished_requests_are_not_kept(self) -> None:
+        """After a run no request timeline is held and the token-gap distribution is bounded."""
+        simulator = Simulator(
+            synthetic(3000, Poisson(200.0), Uniform(4, 64), Uniform(20, 60), seed=1), load_policy("vllm")
+        )
+        result = simulator.run()
+        assert result.metrics["completed"] == 3000
+        assert simulator.recorder.num_live == 0
+        assert not result.metrics.distributions["itl"].is_exact
+
+
+@st.composite
+def scenarios(draw: st.DrawFn) -> dict[str, object]:
+    n = draw(st.integers(1, 25))
+    workload = synthetic(
+        n,
+        Gamma(rate=draw(st.sampled_from([2.0, 20.0, 200.0])), cv=2.0),
+        Uniform(1, draw(st.sampled_from([64, 2000, 9000]))),
+        Uniform(1, draw(st.sampled_from([3, 80]))),
+        seed=draw(st.integers(0, 1000)),
+    )
+    policy = load_policy(
+        draw(st.sampled_from(["vllm", "sarathi", "sglang", "orca", "trtllm-equal-progress"])),
+        PolicyOptions(max_model_len=32768),
+    )
+    options: dict[str, object] = {
+        "workload": workload,
+        "policy": policy,
+        "deployment": Deployment(num_pages=draw(st.sampled_from([700, 5000]))),
+    }
+    if draw(st.booleans()):
+        options["disaggregation"] = Disaggregation(draw(st.integers(1, 2)), draw(st.integers(1, 2)))
+    elif draw(st.booleans()):
+        options["replicas"] = 2
+    return options
+
+
+@given(scenarios())
+@settings(deadline=None, max_examples=40, suppress_health_check=[HealthCheck.too_slow])
+def test_fast_forward_gives_the_metrics_of_stepping(options: dict[str, object]) -> None:
+    """Advancing runs of decode steps at once gives the same results as stepping one by one."""
+    fast = simulate(fast_forward=True, keep_requests=True, **options).metrics  # type: ignore[arg-type]
+    slow = simulate(fast_forward=False, keep_requests=True, **options).metrics  # type: ignore[arg-type]
+    for key, value in slow.values.items():
+        other = fast.values[key]
+        if isinstance(value, float) and math.isnan(value):
+            assert math.isnan(other), key
+        elif key.startswith(("mean_", "std_")) or key.endswith("throughput"):
+            assert other == pytest.approx(value, rel=1e-9, abs=1e-12), key
+        else:
+            assert other == value, key
+    assert fast.requests is not None
+    assert slow.requests is not None
+    by_id = {r.request_id: r for r in slow.requests}
+    for record in fast.requests:
+        twin = by_id[record.request_id]
+        assert (record.ttft_s, record.e2el_s, record.output_len) == (twin.ttft_s, twin.e2el_s, twin.output_len)
