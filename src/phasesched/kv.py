@@ -67,6 +67,7 @@ class PagedKVManager:
         self._open = np.zeros(8, dtype=bool)
         self._free_slots: list[int] = list(range(7, -1, -1))
         self._count_view = _read_only(self._count)
+        self._forked = False  # no table has ever shared a page: closing needs no reference counting
 
     # ---------------------------------------------------------------- queries
     @property
@@ -239,6 +240,7 @@ class PagedKVManager:
         self._table[child, :shared] = pages
         self._count[child] = shared
         self._refcount[pages] += 1
+        self._forked = True
         return child
 
     def close(self, slot: int) -> None:
@@ -252,8 +254,12 @@ class PagedKVManager:
             return
         counts = self._count[slots]
         _, pages = self.gather(slots, counts)
-        np.subtract.at(self._refcount, pages, 1)
-        released = np.unique(pages[self._refcount[pages] == 0])
+        if self._forked:  # a page may appear in several of these tables: count every reference
+            np.subtract.at(self._refcount, pages, 1)
+            released = np.unique(pages[self._refcount[pages] == 0])
+        else:  # every page has one owner, so each appears once and is released
+            self._refcount[pages] = 0
+            released = pages
         top = self._num_free
         self._free[top : top + len(released)] = released
         self._num_free += len(released)

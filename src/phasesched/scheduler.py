@@ -292,11 +292,10 @@ class Scheduler:
             return None
         if len(running) > self.policy.budget.max_num_batched_tokens:
             return None
+        if arrays.num_with_tokens:  # some running request's tokens matter (ids, EOS or stop tokens)
+            return None
         computed, known = arrays.computed[running], arrays.known[running]
-        synthetic = ~(arrays.has_ids[running] | arrays.has_stop_set[running] | arrays.abort_pending[running])
-        if np.count_nonzero(known - computed != 1) or np.count_nonzero(synthetic & (arrays.eos[running] < 0)) < len(
-            running
-        ):
+        if np.count_nonzero(known - computed - 1):  # someone is still prefilling
             return None
         steps = min(max_steps, int((arrays.max_known[running] - known).min()))  # up to the first finish
         steps = self._steps_that_fit(computed, steps)

@@ -225,6 +225,9 @@ class RunningArrays:
         self.stop_sets: NDArray[np.object_]
         self.tokens = TokenBuffer()
         """Token ids of slots whose requests carry ids."""
+        self.num_with_tokens = 0
+        """Running requests whose sampled tokens matter (ids, EOS or stop tokens), so a simulator
+        cannot make them up."""
         for name, (dtype, fill) in self._NUMERIC.items():
             setattr(self, name, np.full(capacity, fill, dtype=dtype))
         for name in self._OBJECTS:
@@ -280,6 +283,7 @@ class RunningArrays:
         self.priority[slot] = request.priority
         self.has_ids[slot] = prompt is not None
         self.has_stop_set[slot] = bool(request.stop_token_ids)
+        self.num_with_tokens += _tokens_matter(slot, self)
         self.running[slot] = True
         self.abort_pending[slot] = False
         self.seqs[slot] = seq
@@ -289,6 +293,9 @@ class RunningArrays:
     def unload(self, slots: Int32Array) -> None:
         """Mark ``slots`` as no longer running, copying their progress back to their requests."""
         self.running[slots] = False
+        self.num_with_tokens -= int(
+            np.count_nonzero(self.has_ids[slots] | self.has_stop_set[slots] | (self.eos[slots] >= 0))
+        )
         generated = self.generated[slots].tolist()
         for slot, seq, count in zip(slots.tolist(), self.seqs[slots].tolist(), generated, strict=True):
             if seq.outputs is not None:
@@ -297,6 +304,10 @@ class RunningArrays:
             seq.num_generated = count
             seq.slot = -1
         self.seqs[slots] = None
+
+
+def _tokens_matter(slot: int, arrays: RunningArrays) -> bool:
+    return bool(arrays.has_ids[slot] or arrays.has_stop_set[slot] or arrays.eos[slot] >= 0)
 
 
 def _read_only(array: NDArray[Any]) -> NDArray[Any]:

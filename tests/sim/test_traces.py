@@ -27,7 +27,11 @@ from phasesched.sim import (
     write_trace,
 )
 
-TRACES = Path(__file__).resolve().parents[2].parent / "shared" / "traces"
+REPO = Path(__file__).resolve().parents[2]
+# The repository carries copies of the shared traces; a checkout beside ../shared can use those.
+TRACES = next(
+    (p for p in (REPO / "data" / "traces", REPO.parent / "shared" / "traces") if p.is_dir()), REPO / "data" / "traces"
+)
 AZURE_CODE = "AzureLLMInferenceTrace_code.csv"
 AZURE_CONV = "AzureLLMInferenceTrace_conv.csv"
 MOONCAKE = "conversation_trace.jsonl"

@@ -249,7 +249,7 @@ class Simulator:
 
     def _step_ends(self, worker: _Worker, run: DecodeRun, now: float, horizon: float) -> np.ndarray:
         """End times of the run's steps, priced in growing batches until one ends past ``horizon``."""
-        priced = min(run.max_steps, 64)
+        priced = min(run.max_steps, 32)
         while True:
             durations = decode_step_times(worker.cost, run.kv_len, priced)
             # Sequential sums, exactly as stepping one by one accumulates the clock.
