@@ -102,9 +102,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.memory_sweep:
         sweep = [memory_case(int(n), args.policy) for n in args.memory_sweep.split(",")]
         for row in sweep:
-            print(
-                f"{row['requests']:>8} requests: peak traced memory {row['peak_traced_mb']:.1f} MB, {row['wall_s']:.1f} s"
-            )
+            peak, wall = row["peak_traced_mb"], row["wall_s"]
+            print(f"{row['requests']:>8} requests: peak traced memory {peak:.1f} MB, {wall:.1f} s")
         return 0
     rows = []
     for speedup in (1.0, 4.0):
