@@ -14,6 +14,9 @@ from __future__ import annotations
 
 from importlib.metadata import PackageNotFoundError, version
 
+from phasesched.engine import Engine as Engine
+from phasesched.engine import VirtualClock as VirtualClock
+from phasesched.engine import WallClock as WallClock
 from phasesched.errors import DuplicateNameError as DuplicateNameError
 from phasesched.errors import DuplicateRequestError as DuplicateRequestError
 from phasesched.errors import InvalidPlanError as InvalidPlanError
@@ -74,6 +77,7 @@ __all__ = [
     "DeterministicExecutor",
     "DuplicateNameError",
     "DuplicateRequestError",
+    "Engine",
     "Executor",
     "FinishReason",
     "FinishedRequest",
@@ -100,6 +104,8 @@ __all__ = [
     "StepResult",
     "UnknownNameError",
     "UnknownRequestError",
+    "VirtualClock",
+    "WallClock",
     "__version__",
     "load_policy",
 ]
