@@ -25,7 +25,7 @@ from phasesched import (
 )
 from phasesched.policies import DecodeFirst, FixedChunk, NoChunking, TokenBudget
 from phasesched.policies.builder import BatchBuilder
-from phasesched.state import SchedulerView
+from phasesched.view import SchedulerView
 from tests.fakes import Driver, make_requests, result_with, scheduler_for
 
 

@@ -16,6 +16,7 @@ import attrs
 import numpy as np
 from numpy.typing import NDArray
 
+from phasesched.decode_run import DecodeRuns
 from phasesched.errors import (
     DuplicateRequestError,
     InvalidPlanError,
@@ -31,8 +32,11 @@ from phasesched.policies.builder import BatchBuilder, checked_chunk
 from phasesched.policies.chunking import ChunkContext, PrefillCandidate
 from phasesched.policies.policy import SchedulingPolicy
 from phasesched.request import FinishReason, Request, RequestStatus
+from phasesched.running import RunningArrays
 from phasesched.selection import CheckedSelection, Selection, check_selection
-from phasesched.state import RunningArrays, SchedulerView, SequenceState, WaitingQueue
+from phasesched.sequence import SequenceState
+from phasesched.view import SchedulerView
+from phasesched.waiting import WaitingQueue
 
 __all__ = ["FinishedRequest", "Scheduler", "SchedulerConfig", "StepOutcome"]
 
@@ -87,25 +91,6 @@ class FinishedRequest:
 
 
 @attrs.frozen(eq=False)
-class DecodeRun:
-    """Identical pure-decode steps the scheduler is certain to take next (see :meth:`Scheduler.decode_run`).
-
-    Attributes:
-        request_ids: The running requests, in batch order.
-        slots: int32 ``[B]``: their slots.
-        kv_len: int32 ``[B]``: each one's context after the *first* of the steps.
-        max_steps: Steps that can be taken at once without running out of KV pages; the last
-            of them may finish requests (the first finish ends the run).
-    """
-
-    request_ids: tuple[str, ...]
-    slots: Int32Array
-    kv_len: Int32Array
-    max_steps: int
-    _version: int = attrs.field(repr=False)
-
-
-@attrs.frozen(eq=False)
 class StepOutcome:
     """What one ``update()`` did.
 
@@ -125,7 +110,7 @@ class StepOutcome:
     duration_s: float | None
 
 
-class Scheduler:
+class Scheduler(DecodeRuns):
     """Decides, step by step, what runs. See the module docstring for the loop.
 
     Args:
@@ -271,79 +256,6 @@ class Scheduler:
             finished=finished,
             duration_s=result.duration_s,
         )
-
-    # ------------------------------------------------------------------ simulation fast path
-    def decode_run(self, max_steps: int) -> DecodeRun | None:
-        """The next steps, if they are certain to be identical pure-decode steps.
-
-        A simulator uses this to advance many steps in one vectorized computation. It applies
-        when no plan is in flight, nothing waits, every running request is decoding, carries
-        no token ids, EOS or stop tokens (its tokens are synthetic), the token budget holds
-        them all, and the policy's phase priority declares ``schedules_every_decode``: then
-        each step until the first finish schedules exactly the same requests, one token each.
-
-        Returns:
-            The run, capped at ``max_steps``, or ``None`` when it does not apply.
-        """
-        arrays, running = self._arrays, self._running
-        if self._in_flight is not None or len(self._waiting) or not len(running) or max_steps < 1:
-            return None
-        if not getattr(self.policy.priority, "schedules_every_decode", False):
-            return None
-        if len(running) > self.policy.budget.max_num_batched_tokens:
-            return None
-        if arrays.num_with_tokens:  # some running request's tokens matter (ids, EOS or stop tokens)
-            return None
-        computed, known = arrays.computed[running], arrays.known[running]
-        if np.count_nonzero(known - computed - 1):  # someone is still prefilling
-            return None
-        steps = min(max_steps, int((arrays.max_known[running] - known).min()))  # up to the first finish
-        steps = self._steps_that_fit(computed, steps)
-        if steps < 1:
-            return None
-        ids = tuple(arrays.ids[running].tolist())
-        return DecodeRun(ids, running.copy(), computed + 1, steps, self._version)
-
-    def advance(self, run: DecodeRun, num_steps: int) -> tuple[FinishedRequest, ...]:
-        """Take ``num_steps`` of ``run``'s steps at once: every request computes and samples ``num_steps`` tokens.
-
-        Returns:
-            The requests that finished in the last of the steps (for length).
-
-        Raises:
-            InvalidPlanError: The run is stale (the scheduler changed since it was made) or
-                ``num_steps`` is outside ``[1, run.max_steps]``; nothing changed.
-        """
-        if run._version != self._version:  # noqa: SLF001 -- the run's own token
-            msg = "this DecodeRun is stale: the scheduler changed after decode_run()"
-            raise InvalidPlanError(msg)
-        if not 1 <= num_steps <= run.max_steps:
-            msg = f"num_steps must be in [1, {run.max_steps}], got {num_steps}"
-            raise InvalidPlanError(msg)
-        arrays, slots = self._arrays, run.slots
-        arrays.computed[slots] += num_steps
-        known = arrays.known[slots] + num_steps
-        arrays.known[slots] = known
-        self.kv.grow_many(slots, arrays.computed[slots])
-        self._next_step += num_steps
-        self._version += 1
-        done = slots[known >= arrays.max_known[slots]]
-        return self._finish(done, [FinishReason.LENGTH] * len(done)) if len(done) else ()
-
-    def _steps_that_fit(self, computed: Int32Array, steps: int) -> int:
-        """The most steps (up to ``steps``) whose page growth the free pages cover."""
-        size, held, free = self.kv.page_size, int(self.kv.page_counts[self._running].sum()), self.kv.num_free_pages
-
-        def fits(k: int) -> bool:
-            return int(((computed + (k + size - 1)) // size).sum()) - held <= free
-
-        if steps < 1 or fits(steps):
-            return steps
-        lo, hi = 0, steps  # fits(lo) holds, fits(hi) does not
-        while hi - lo > 1:
-            mid = (lo + hi) // 2
-            lo, hi = (mid, hi) if fits(mid) else (lo, mid)
-        return lo
 
     # ------------------------------------------------------------------ introspection
     @property

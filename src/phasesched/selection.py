@@ -17,7 +17,8 @@ from numpy.typing import NDArray
 from phasesched.errors import InvalidPlanError
 from phasesched.kv import PagedKVManager
 from phasesched.policies.budget import TokenBudget
-from phasesched.state import RunningArrays, WaitingQueue
+from phasesched.running import RunningArrays
+from phasesched.waiting import WaitingQueue
 
 __all__ = ["CheckedSelection", "Selection", "check_selection"]
 

@@ -29,10 +29,11 @@ from numpy.typing import NDArray
 from phasesched.metrics.distribution import Distribution
 
 if TYPE_CHECKING:
+    from phasesched.decode_run import DecodeRun
     from phasesched.metrics.summary import RunCounters
     from phasesched.plan import StepPlan
     from phasesched.request import Request
-    from phasesched.scheduler import DecodeRun, StepOutcome
+    from phasesched.scheduler import StepOutcome
 
 __all__ = ["BUDGET_PHASES", "GapLog", "LatencyBudget", "MetricsRecorder", "RequestRecord", "Role", "WorkerRecorder"]
 

@@ -19,7 +19,8 @@ from numpy.typing import NDArray
 from phasesched.errors import InvalidPlanError
 from phasesched.policies.chunking import ChunkContext, PrefillCandidate
 from phasesched.selection import Selection
-from phasesched.state import SchedulerView, WaitingCandidate
+from phasesched.view import SchedulerView
+from phasesched.waiting import WaitingCandidate
 
 if TYPE_CHECKING:
     from phasesched.policies.chunking import ChunkSizer

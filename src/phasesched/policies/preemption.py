@@ -14,7 +14,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 if TYPE_CHECKING:
-    from phasesched.state import SchedulerView
+    from phasesched.view import SchedulerView
 
 __all__ = ["FewestGenerated", "LatestArrival", "LowestPriority", "PreemptionPolicy", "VictimOrder"]
 

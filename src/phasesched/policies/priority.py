@@ -17,7 +17,8 @@ from phasesched.policies.builder import AddResult, BatchBuilder
 
 if TYPE_CHECKING:
     from phasesched.selection import Selection
-    from phasesched.state import SchedulerView, WaitingCandidate
+    from phasesched.view import SchedulerView
+    from phasesched.waiting import WaitingCandidate
 
 __all__ = ["DecodeFirst", "EqualProgress", "PhasePriority", "PrefillFirst"]
 

@@ -31,13 +31,14 @@ import attrs
 import numpy as np
 
 from phasesched.costmodel.protocol import CostModel, decode_step_times
+from phasesched.decode_run import DecodeRun
 from phasesched.executor import StepResult
 from phasesched.metrics.recorder import MetricsRecorder, Role, WorkerRecorder
 from phasesched.metrics.summary import RunMetrics, summarize
 from phasesched.plan import StepPlan
 from phasesched.policies.policy import SchedulingPolicy
 from phasesched.request import Request
-from phasesched.scheduler import DecodeRun, Scheduler
+from phasesched.scheduler import Scheduler
 from phasesched.sim.deployment import Deployment, Disaggregation
 from phasesched.sim.executor import SimulatedExecutor
 from phasesched.sim.link import KVLink

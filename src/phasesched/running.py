@@ -1,0 +1,203 @@
+"""Running requests as per-slot numpy arrays, and their token ids as one buffer.
+
+The slot is the request's KV table. Keeping per-request state in parallel arrays makes the
+steady decode step a few vectorized operations however many requests run.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+import numpy as np
+from numpy.typing import NDArray
+
+from phasesched.sequence import SequenceState
+
+__all__ = ["RunningArrays", "TokenBuffer", "read_only"]
+
+Int32Array = NDArray[np.int32]
+_NO_TOKEN = -1
+
+
+class TokenBuffer:
+    """Token ids of running requests, one row per slot, as vLLM's input batch keeps them.
+
+    Recording a step's sampled tokens is one scatter, and a step's input ids one gather, instead
+    of a Python loop over per-request lists. Rows and columns grow by doubling as needed.
+    """
+
+    def __init__(self) -> None:
+        self.ids = np.zeros((8, 64), dtype=np.int32)
+
+    def load(self, slot: int, prompt: tuple[int, ...], outputs: list[int]) -> None:
+        """Write a request's prompt and generated tokens into row ``slot``."""
+        length = len(prompt) + len(outputs)
+        self._ensure(slot + 1, length)
+        row = self.ids[slot]
+        row[: len(prompt)] = prompt
+        row[len(prompt) : length] = outputs
+
+    def write(self, slots: Int32Array, positions: Int32Array, tokens: Int32Array) -> None:
+        """Store ``tokens[i]`` at position ``positions[i]`` of row ``slots[i]``."""
+        if len(slots):
+            self._ensure(int(slots.max()) + 1, int(positions.max()) + 1)
+            self.ids[slots, positions] = tokens
+
+    def gather(self, rows: Int32Array, positions: Int32Array) -> Int32Array:
+        """The tokens at ``positions[i]`` of row ``rows[i]``."""
+        tokens: Int32Array = self.ids[rows, positions]
+        return tokens
+
+    def row(self, slot: int, start: int, stop: int) -> list[int]:
+        """Tokens ``start .. stop - 1`` of row ``slot``, as a list."""
+        tokens: list[int] = self.ids[slot, start:stop].tolist()
+        return tokens
+
+    def _ensure(self, rows: int, columns: int) -> None:
+        height, width = self.ids.shape
+        if rows <= height and columns <= width:
+            return
+        while height < rows:
+            height *= 2
+        while width < columns:
+            width *= 2
+        grown = np.zeros((height, width), dtype=np.int32)
+        grown[: self.ids.shape[0], : self.ids.shape[1]] = self.ids
+        self.ids = grown
+
+
+class RunningArrays:
+    """Per-slot state of running requests, as parallel numpy arrays that grow on demand.
+
+    Python objects (the request's state, its id, its token list, its stop set) sit in object
+    arrays so that a batch of slots can fetch them with one fancy index instead of a loop.
+    """
+
+    _NUMERIC: ClassVar[dict[str, tuple[type[np.generic], object]]] = {
+        "computed": (np.int32, 0),
+        "known": (np.int32, 0),
+        "prompt_len": (np.int32, 0),
+        "max_known": (np.int32, 0),
+        "last_token": (np.int32, _NO_TOKEN),
+        "eos": (np.int32, _NO_TOKEN),
+        "arrival": (np.float64, 0.0),
+        "priority": (np.int64, 0),
+        "has_ids": (np.bool_, False),
+        "has_stop_set": (np.bool_, False),
+        "running": (np.bool_, False),
+        "abort_pending": (np.bool_, False),
+    }
+    _OBJECTS: ClassVar[tuple[str, ...]] = ("seqs", "ids", "stop_sets")
+
+    def __init__(self, capacity: int = 64) -> None:
+        self.computed: Int32Array
+        """Tokens already in the KV cache."""
+        self.known: Int32Array
+        """Tokens known (prompt plus generated)."""
+        self.prompt_len: Int32Array
+        self.max_known: Int32Array
+        """Known tokens at which generation stops for length (prompt + max_new, capped by the model)."""
+        self.last_token: Int32Array
+        self.eos: Int32Array
+        self.arrival: NDArray[np.float64]
+        self.priority: NDArray[np.int64]
+        self.has_ids: NDArray[np.bool_]
+        self.has_stop_set: NDArray[np.bool_]
+        self.running: NDArray[np.bool_]
+        self.abort_pending: NDArray[np.bool_]
+        """Aborted while its plan was in flight: retired when that plan's result arrives."""
+        self.seqs: NDArray[np.object_]
+        self.ids: NDArray[np.object_]
+        self.stop_sets: NDArray[np.object_]
+        self.tokens = TokenBuffer()
+        """Token ids of slots whose requests carry ids."""
+        self.num_with_tokens = 0
+        """Running requests whose sampled tokens matter (ids, EOS or stop tokens), so a simulator
+        cannot make them up."""
+        for name, (dtype, fill) in self._NUMERIC.items():
+            setattr(self, name, np.full(capacity, fill, dtype=dtype))
+        for name in self._OBJECTS:
+            setattr(self, name, np.full(capacity, None, dtype=object))
+        self._views: dict[str, NDArray[Any]] = {}
+
+    def read_only(self, name: str) -> NDArray[Any]:
+        """A read-only view of array ``name``, made once per array (policies get these)."""
+        view = self._views.get(name)
+        if view is None:
+            view = self._views[name] = read_only(getattr(self, name))
+        return view
+
+    @property
+    def generated(self) -> Int32Array:
+        """Tokens each slot has generated (derived: known minus prompt)."""
+        generated: Int32Array = self.known - self.prompt_len
+        return generated
+
+    def ensure(self, slot: int) -> None:
+        """Grow every array so ``slot`` is a valid index."""
+        size = len(self.computed)
+        if slot < size:
+            return
+        new = max(2 * size, slot + 1)
+        self._views.clear()
+        for name, (dtype, fill) in self._NUMERIC.items():
+            grown: NDArray[Any] = np.full(new, fill, dtype=dtype)
+            grown[:size] = getattr(self, name)
+            setattr(self, name, grown)
+        for name in self._OBJECTS:
+            grown = np.full(new, None, dtype=object)
+            grown[:size] = getattr(self, name)
+            setattr(self, name, grown)
+
+    def load(self, slot: int, seq: SequenceState, max_model_len: int) -> None:
+        """Fill ``slot`` for a request starting (or restarting) from its precomputed tokens."""
+        self.ensure(slot)
+        request = seq.request
+        self.computed[slot] = seq.precomputed
+        self.known[slot] = seq.num_tokens
+        self.prompt_len[slot] = request.prompt_len
+        self.max_known[slot] = min(request.max_total_tokens, max_model_len)
+        prompt, outputs = request.prompt_token_ids, seq.outputs
+        if prompt is not None and outputs is not None:
+            self.tokens.load(slot, prompt, outputs)
+            self.last_token[slot] = outputs[-1] if outputs else prompt[-1]
+        else:
+            self.last_token[slot] = _NO_TOKEN
+        eos = request.eos_token_id
+        self.eos[slot] = _NO_TOKEN if eos is None or request.ignore_eos else eos
+        self.arrival[slot] = request.arrival_time
+        self.priority[slot] = request.priority
+        self.has_ids[slot] = prompt is not None
+        self.has_stop_set[slot] = bool(request.stop_token_ids)
+        self.num_with_tokens += _tokens_matter(slot, self)
+        self.running[slot] = True
+        self.abort_pending[slot] = False
+        self.seqs[slot] = seq
+        self.ids[slot] = request.request_id
+        self.stop_sets[slot] = request.stop_token_ids
+
+    def unload(self, slots: Int32Array) -> None:
+        """Mark ``slots`` as no longer running, copying their progress back to their requests."""
+        self.running[slots] = False
+        self.num_with_tokens -= int(
+            np.count_nonzero(self.has_ids[slots] | self.has_stop_set[slots] | (self.eos[slots] >= 0))
+        )
+        generated = self.generated[slots].tolist()
+        for slot, seq, count in zip(slots.tolist(), self.seqs[slots].tolist(), generated, strict=True):
+            if seq.outputs is not None:
+                prompt_len = seq.request.prompt_len
+                seq.outputs = self.tokens.row(slot, prompt_len, prompt_len + count)
+            seq.num_generated = count
+            seq.slot = -1
+        self.seqs[slots] = None
+
+
+def _tokens_matter(slot: int, arrays: RunningArrays) -> bool:
+    return bool(arrays.has_ids[slot] or arrays.has_stop_set[slot] or arrays.eos[slot] >= 0)
+
+
+def read_only(array: NDArray[Any]) -> NDArray[Any]:
+    """A read-only view of ``array`` (the array itself stays writable for its owner)."""
+    view: NDArray[Any] = array.view()
+    view.flags.writeable = False
+    return view

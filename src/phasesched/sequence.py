@@ -1,0 +1,34 @@
+"""A request's progress while the scheduler holds it (internal; policies see views of it)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import attrs
+
+from phasesched.request import Request, RequestStatus
+
+__all__ = ["SequenceState"]
+
+
+@attrs.define(eq=False)
+class SequenceState:
+    """Progress of one request the scheduler holds (internal; policies see views of it)."""
+
+    request: Request
+    queue_key: Any
+    status: RequestStatus = RequestStatus.WAITING
+    outputs: list[int] | None = None
+    """Generated token ids, for requests that carry ids (synced from the token buffer when it
+    stops running; while it runs, the buffer is authoritative)."""
+    num_generated: int = 0
+    num_preemptions: int = 0
+    slot: int = -1
+    precomputed: int = 0
+    """Leading prompt tokens whose KV arrives with the request (a disaggregated prefill's
+    transfer); lost, and recomputed locally, if the request is preempted."""
+
+    @property
+    def num_tokens(self) -> int:
+        """Tokens known: prompt plus generated."""
+        return self.request.prompt_len + self.num_generated

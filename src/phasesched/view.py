@@ -1,0 +1,111 @@
+"""What a policy may read while planning a step: a read-only view of the scheduler's state."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+from numpy.typing import NDArray
+
+from phasesched.request import Request
+from phasesched.running import RunningArrays, read_only
+from phasesched.sequence import SequenceState
+from phasesched.waiting import WaitingCandidate, WaitingQueue
+
+if TYPE_CHECKING:
+    from phasesched.kv import PagedKVManager
+    from phasesched.policies.budget import TokenBudget
+
+__all__ = ["SchedulerView"]
+
+Int32Array = NDArray[np.int32]
+
+
+class SchedulerView:
+    """What a policy may read while planning a step. Arrays are read-only and indexed by slot.
+
+    Attributes:
+        now: The engine's clock at this ``schedule()`` call.
+        budget: The step's token and sequence caps.
+        page_size: Tokens per KV page.
+        free_pages: Free KV pages.
+        watermark_pages: Pages admissions must leave free.
+        max_model_len: The longest sequence (prompt plus generated) the model accepts.
+        running: int32 slots of running requests, in admission order.
+        num_computed: int32 tokens in each slot's cache.
+        num_tokens: int32 tokens known for each slot.
+        prompt_len: int32 prompt length of each slot.
+        arrival_time: float64 arrival time of each slot.
+        priority: int64 priority of each slot (lower is more important).
+        page_count: int32 KV pages held by each slot.
+
+    """
+
+    def __init__(  # noqa: PLR0913 -- a view over the scheduler's parts, passed explicitly
+        self,
+        *,
+        now: float,
+        budget: TokenBudget,
+        kv: PagedKVManager,
+        arrays: RunningArrays,
+        running: Int32Array,
+        waiting: WaitingQueue,
+        max_model_len: int,
+    ) -> None:
+        self.now = now
+        self.budget = budget
+        self.page_size = kv.page_size
+        self.free_pages = kv.num_free_pages
+        self.watermark_pages = kv.watermark_pages
+        self.max_model_len = max_model_len
+        self.running = running if not running.flags.writeable else read_only(running)
+        self.num_computed: Int32Array = arrays.read_only("computed")
+        self.num_tokens: Int32Array = arrays.read_only("known")
+        self.prompt_len: Int32Array = arrays.read_only("prompt_len")
+        self.arrival_time: NDArray[np.float64] = arrays.read_only("arrival")
+        self.priority: NDArray[np.int64] = arrays.read_only("priority")
+        self.page_count = kv.page_counts
+        self._kv = kv
+        self._arrays = arrays
+        self._waiting = waiting
+
+    @property
+    def num_generated(self) -> Int32Array:
+        """int32 generated tokens of each slot (computed on demand)."""
+        return self._arrays.generated
+
+    @property
+    def num_waiting(self) -> int:
+        """Requests in the waiting queue."""
+        return len(self._waiting)
+
+    def request(self, slot: int) -> Request:
+        """The request running in ``slot``."""
+        seq: SequenceState | None = self._arrays.seqs[slot]
+        if seq is None:
+            msg = f"slot {slot} holds no running request"
+            raise KeyError(msg)
+        return seq.request
+
+    def waiting(self) -> Iterator[WaitingCandidate]:
+        """Waiting requests in queue order, lazily."""
+        for seq in self._waiting.ordered():
+            yield WaitingCandidate(seq.request, seq.num_tokens, seq.num_preemptions, seq.precomputed)
+
+    def freed_by_preempting(self, slots: Int32Array) -> int:
+        """KV pages that preempting ``slots`` would return to the pool."""
+        return self._kv.freed_by_closing(slots)
+
+    def pages_to_grow(self, slots: Int32Array, num_new: NDArray[np.integer[Any]]) -> NDArray[np.int64]:
+        """Pages each slot needs to compute ``num_new`` more tokens."""
+        # Running requests hold exactly ceil(computed / page_size) pages between steps, so this
+        # is never negative.
+        size = self.page_size
+        grow: NDArray[np.int64] = (self.num_computed[slots] + (num_new + (size - 1))) // size
+        grow -= self.page_count[slots]
+        return grow
+
+    def pages_for(self, num_tokens: int) -> int:
+        """Pages that ``num_tokens`` tokens occupy."""
+        return -(-num_tokens // self.page_size)
