@@ -10,7 +10,6 @@ from phasesched.sim.simulator import SimResult as SimResult
 from phasesched.sim.simulator import Simulator as Simulator
 from phasesched.sim.simulator import WorkerStats as WorkerStats
 from phasesched.sim.simulator import simulate as simulate
-
 from phasesched.sim.traces import LengthStats as LengthStats
 from phasesched.sim.traces import TraceFormat as TraceFormat
 from phasesched.sim.traces import TraceFormatError as TraceFormatError
