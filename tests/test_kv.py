@@ -54,19 +54,19 @@ class TestPagedKVManager:
         assert kv.page_count(child) == 2
         assert list(kv.pages(child)) == list(kv.pages(parent)[:2])
         assert kv.refcounts[kv.pages(parent)[0]] == 2
-        kv.close(parent)
+        kv.free(parent)
         assert kv.num_used_pages == 2
-        kv.close(child)
+        kv.free(child)
         assert kv.num_free_pages == 8
         kv.check_invariants()
 
-    def test_close_twice_raises(self) -> None:
-        """Closing a closed table is an error, so pages are never freed twice."""
+    def test_free_twice_raises(self) -> None:
+        """Freeing a freed table is an error, so pages are never freed twice."""
         kv = PagedKVManager(num_pages=4, page_size=4)
         slot = kv.open()
-        kv.close(slot)
+        kv.free(slot)
         with pytest.raises(KeyError):
-            kv.close(slot)
+            kv.free(slot)
 
     def test_gather_matches_tables(self) -> None:
         """gather() concatenates each slot's first pages in order."""
@@ -96,7 +96,7 @@ class TestPagedKVManager:
 
 
 class KVMachine(RuleBasedStateMachine):
-    """Random opens, grows, forks and closes: pages are conserved and never owned twice."""
+    """Random opens, grows, forks and frees: pages are conserved and never owned twice."""
 
     tables = Bundle("tables")
 
@@ -139,7 +139,7 @@ class KVMachine(RuleBasedStateMachine):
     @rule(slot=consumes(tables))
     def close(self, slot: int) -> None:
         if slot in self.tokens:
-            self.kv.close(slot)
+            self.kv.free(slot)
             del self.tokens[slot]
 
     @invariant()

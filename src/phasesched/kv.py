@@ -4,7 +4,7 @@ The manager hands out *tables* (one per sequence, named by a small integer, its 
 pages in them. Its state is a handful of numpy arrays, so the scheduler can grow every running
 sequence by one token, gather FlashInfer's ``kv_indices`` and free finished sequences without a
 Python loop over requests. Queries (``can_allocate``) never change state; commits
-(``allocate``, ``grow``) either succeed entirely or raise :class:`OutOfPagesError` having
+(``allocate``, ``grow_to``, ``free``) either succeed entirely or raise :class:`OutOfPagesError` having
 changed nothing. Pages carry reference counts so tables can share a prefix (``fork``); a page
 returns to the free pool only when its last reference goes.
 """
@@ -42,7 +42,7 @@ class PagedKVManager:
     >>> kv.grow_to(slot, 20)          # 20 tokens need 2 pages
     >>> kv.num_free_pages, kv.page_count(slot)
     (6, 2)
-    >>> kv.close(slot)
+    >>> kv.free(slot)
     >>> kv.num_free_pages
     8
 
@@ -67,7 +67,7 @@ class PagedKVManager:
         self._open = np.zeros(8, dtype=bool)
         self._free_slots: list[int] = list(range(7, -1, -1))
         self._count_view = _read_only(self._count)
-        self._forked = False  # no table has ever shared a page: closing needs no reference counting
+        self._forked = False  # no table has ever shared a page: freeing needs no reference counting
 
     # ---------------------------------------------------------------- queries
     @property
@@ -116,7 +116,7 @@ class PagedKVManager:
 
     @property
     def page_counts(self) -> Int32Array:
-        """Pages per slot (read-only; closed slots read 0)."""
+        """Pages per slot (read-only; free slots read 0)."""
         return self._count_view
 
     @property
@@ -124,8 +124,8 @@ class PagedKVManager:
         """References per page (read-only)."""
         return _read_only(self._refcount)
 
-    def freed_by_closing(self, slots: Int32Array) -> int:
-        """Pages that would return to the pool if every table in ``slots`` closed."""
+    def freed_by_freeing(self, slots: Int32Array) -> int:
+        """Pages that would return to the pool if every table in ``slots`` were freed."""
         if len(slots) == 0:
             return 0
         pages = self.gather(slots, self._count[slots])[1]
@@ -243,13 +243,13 @@ class PagedKVManager:
         self._forked = True
         return child
 
-    def close(self, slot: int) -> None:
-        """Drop table ``slot``; pages whose last reference it held return to the pool."""
+    def free(self, slot: int) -> None:
+        """Free table ``slot``: pages whose last reference it held return to the pool."""
         self._check_open(slot)
-        self.close_many(np.array([slot], dtype=np.int32))
+        self.free_many(np.array([slot], dtype=np.int32))
 
-    def close_many(self, slots: Int32Array) -> None:
-        """Vectorized :meth:`close` for distinct open slots."""
+    def free_many(self, slots: Int32Array) -> None:
+        """Vectorized :meth:`free` for distinct open slots."""
         if len(slots) == 0:
             return
         counts = self._count[slots]

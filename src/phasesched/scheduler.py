@@ -424,7 +424,7 @@ class Scheduler(DecodeRuns):
     def _retire(self, slots: Int32Array) -> None:
         """Free the KV of running ``slots`` and take them off the running set."""
         arrays = self._arrays
-        self.kv.close_many(slots)
+        self.kv.free_many(slots)
         arrays.unload(slots)
         self._running = _frozen(self._running[arrays.running[self._running]])
 

@@ -173,5 +173,5 @@ def _check_admitted(selection: Selection, waiting: WaitingQueue, kv: PagedKVMana
 def _check_pages(need: int, selection: Selection, kv: PagedKVManager) -> None:
     if need <= kv.num_free_pages:
         return
-    available = kv.num_free_pages + kv.freed_by_closing(np.asarray(selection.preempted, dtype=np.int32))
+    available = kv.num_free_pages + kv.freed_by_freeing(np.asarray(selection.preempted, dtype=np.int32))
     _require(need <= available, f"the step needs {need} KV pages, {available} would be free")

@@ -95,7 +95,7 @@ class SchedulerView:
 
     def freed_by_preempting(self, slots: Int32Array) -> int:
         """KV pages that preempting ``slots`` would return to the pool."""
-        return self._kv.freed_by_closing(slots)
+        return self._kv.freed_by_freeing(slots)
 
     def pages_to_grow(self, slots: Int32Array, num_new: NDArray[np.integer[Any]]) -> NDArray[np.int64]:
         """Pages each slot needs to compute ``num_new`` more tokens."""

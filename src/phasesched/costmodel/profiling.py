@@ -169,7 +169,7 @@ class _Session:
             input_ids = self.rng.integers(0, self.vocab_size, int(slices.num_new.sum()), dtype=np.int32)
             durations = [self._run(slices, slots, input_ids, first=i == 0) for i in range(warmup + repeats)]
         finally:
-            self.kv.close_many(slots)
+            self.kv.free_many(slots)
         self.released = slices.request_ids
         return statistics.median(durations[warmup:])
 
