@@ -1,0 +1,403 @@
+"""The ``phasesched`` command: benchmarks, trace statistics, executor profiles.
+
+::
+
+    phasesched bench                       # the seed suite on H200 + Llama-3-8B, under a minute
+    phasesched bench mixed --policy my-plugin-policy
+    phasesched bench replay --trace conv.csv --policy vllm,sarathi --rate 8
+    phasesched trace stats FILE
+    phasesched profile --executor torch --output profile.csv
+    phasesched policies
+
+Exit status: 0 on success, 2 for a usage error (argparse's convention), 1 for any other failure,
+with a one-line message on standard error (an unknown policy's message lists the known ones).
+Optional dependencies (matplotlib, rich, an executor's torch) are imported only when used, so
+``phasesched --help`` answers at once and works without them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import inspect
+import json
+import sys
+import time
+from collections.abc import Callable, Sequence
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import attrs
+
+from phasesched import EXECUTORS, POLICIES, __version__
+from phasesched.costmodel.profiled import ProfiledCostModel, write_profile_csv
+from phasesched.costmodel.profiling import ProfileGrid, profile_executor
+from phasesched.errors import PhaseschedError
+from phasesched.experiments.context import ExperimentContext, ExperimentResult, jsonable
+from phasesched.experiments.mixed_load import MixedLoadResult, Verdict
+from phasesched.experiments.suite import SuiteOptions, run_experiment, suite_names
+from phasesched.report import TerminalUI, require_plotting, write_figures, write_results_json
+from phasesched.sim.deployment import Deployment
+from phasesched.sim.traces import load_trace, trace_stats
+
+__all__ = ["EXPERIMENTS", "build_parser", "main"]
+
+EXPERIMENTS = ("prefill", "decode", "mixed", "phase-split", "grid", "replay")
+"""``bench <experiment>`` choices: :data:`phasesched.experiments.suite.EXPERIMENTS` (a test keeps them equal)."""
+
+_RESULTS_ROOT = Path("bench-results")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the command line ``argv`` (``sys.argv[1:]`` by default) and return the exit status."""
+    arguments = list(sys.argv[1:] if argv is None else argv)
+    try:
+        args = build_parser().parse_args(arguments)
+        problem = _usage_problem(args)
+        if problem:
+            args.subparser.error(problem)
+    except SystemExit as stop:  # --help and --version exit with 0, usage errors with 2
+        return stop.code if isinstance(stop.code, int) else 2
+    args.arguments = arguments
+    try:
+        status: int = args.handler(args)
+    except BrokenPipeError:  # output piped into `head` and closed: nothing left to tell anyone
+        return 1
+    except (PhaseschedError, OSError, ValueError) as error:
+        print(f"phasesched: error: {error}", file=sys.stderr)  # noqa: T201 -- the CLI's error channel
+        return 1
+    return status
+
+
+def _usage_problem(args: argparse.Namespace) -> str | None:
+    """A usage error argparse cannot express by itself, or ``None``."""
+    if args.command == "bench" and args.experiment == "replay" and args.trace is None:
+        return "bench replay needs --trace FILE"
+    return None
+
+
+# ------------------------------------------------------------------------------------ parsing
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser of ``phasesched`` and every subcommand."""
+    parser = argparse.ArgumentParser(
+        prog="phasesched",
+        description="Prefill/decode scheduling policies for LLM inference: simulate, compare, profile.",
+    )
+    parser.add_argument("--version", action="version", version=f"phasesched {__version__}")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    _add_bench(commands)
+    _add_trace(commands)
+    _add_profile(commands)
+    policies = commands.add_parser("policies", help="list the registered scheduling policies")
+    policies.set_defaults(handler=_policies, subparser=policies)
+    return parser
+
+
+def _positive(kind: Callable[[str], Any]) -> Callable[[str], Any]:
+    def parse(text: str) -> Any:
+        try:
+            value = kind(text)
+        except ValueError:
+            value = None
+        if value is None or not value > 0:
+            msg = f"expected a positive {kind.__name__}, got {text!r}"
+            raise argparse.ArgumentTypeError(msg)
+        return value
+
+    parse.__name__ = kind.__name__  # argparse names the type in its messages
+    return parse
+
+
+def _names(text: str) -> list[str]:
+    names = [name.strip() for name in text.split(",") if name.strip()]
+    if not names:
+        msg = f"expected comma-separated names, got {text!r}"
+        raise argparse.ArgumentTypeError(msg)
+    return names
+
+
+def _ints(text: str) -> tuple[int, ...]:
+    try:
+        return tuple(int(v) for v in _names(text))
+    except ValueError:
+        msg = f"expected comma-separated integers, got {text!r}"
+        raise argparse.ArgumentTypeError(msg) from None
+
+
+def _add_bench(commands: Any) -> None:
+    bench = commands.add_parser(
+        "bench",
+        help="run the benchmark suite or one experiment on the simulator",
+        description="Run the seed suite (prefill, decode, mixed, phase-split, grid; plus replay with --trace) "
+        "or one experiment, print tables, and write results.json and PNG figures to the output folder.",
+    )
+    bench.add_argument("experiment", nargs="?", choices=EXPERIMENTS, help="one experiment (default: the suite)")
+    bench.add_argument("--hardware", default="H200", help="hardware preset: H200, H100-SXM, A100-80GB (default H200)")
+    bench.add_argument("--model", default="llama-3-8b", help="model preset: llama-3-8b, llama-3-70b")
+    bench.add_argument("--tensor-parallel", "--tp", type=_positive(int), default=1, help="GPUs per worker")
+    bench.add_argument(
+        "--policy",
+        type=_names,
+        action="append",
+        metavar="NAMES",
+        help="registered policy names, comma-separated (repeatable); the curves, phase split, grid "
+        "and replay run these, mixed load adds them to its comparison",
+    )
+    bench.add_argument(
+        "--cost-model",
+        type=Path,
+        metavar="FILE.csv",
+        help="price steps with a profiled table (from `phasesched profile`) instead of the roofline",
+    )
+    bench.add_argument("--trace", type=Path, metavar="FILE", help="a trace to replay (azure, mooncake, csv, jsonl)")
+    bench.add_argument("--rate", type=_positive(float), help="req/s: the replay's rate and the phase split's")
+    bench.add_argument("--limit", type=_positive(int), metavar="N", help="replay only the first N requests")
+    bench.add_argument("--seed", type=int, default=0, help="seed of every random workload (default 0)")
+    bench.add_argument("--output", type=Path, metavar="DIR", help="output folder (default bench-results/<timestamp>)")
+    bench.add_argument(
+        "--quick", action="store_true", help="tiny sizes, for smoke tests (a replay serves 64 requests unless --limit)"
+    )
+    bench.add_argument("--no-plots", action="store_true", help="write no PNG figures (matplotlib not needed)")
+    bench.add_argument("--quiet", action="store_true", help="no progress bar or tables; only the verdict and paths")
+    bench.set_defaults(handler=_bench, subparser=bench)
+
+
+def _add_trace(commands: Any) -> None:
+    trace = commands.add_parser("trace", help="inspect request traces")
+    actions = trace.add_subparsers(dest="action", required=True, metavar="ACTION")
+    stats = actions.add_parser("stats", help="rate, burstiness and length distributions of a trace file")
+    stats.add_argument("file", type=Path, metavar="FILE")
+    stats.add_argument(
+        "--format",
+        choices=("azure", "mooncake", "csv", "jsonl"),
+        help="the trace format (default: detected from the first line)",
+    )
+    stats.add_argument("--spread-ticks", action="store_true", help="spread requests that share a timestamp")
+    stats.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    stats.set_defaults(handler=_trace_stats, subparser=stats)
+
+
+def _add_profile(commands: Any) -> None:
+    profile = commands.add_parser(
+        "profile",
+        help="measure an executor's step times into a profile CSV",
+        description="Time a registered executor on a grid of synthetic steps and write the CSV that "
+        "`phasesched bench --cost-model FILE.csv` (ProfiledCostModel.from_csv) reads.",
+    )
+    profile.add_argument("--executor", required=True, metavar="NAME", help="a registered executor (e.g. torch)")
+    profile.add_argument("--output", required=True, type=Path, metavar="FILE.csv", help="the profile to write")
+    profile.add_argument("--model", help="the executor's model (torch: a preset such as tiny)")
+    profile.add_argument("--device", help="the executor's device (torch: cpu, cuda, cuda:1)")
+    profile.add_argument("--dtype", help="the executor's dtype (torch: float32, bfloat16, float16)")
+    profile.add_argument(
+        "--option",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="another keyword for the executor factory (repeatable), e.g. num_layers=2",
+    )
+    profile.add_argument(
+        "--grid",
+        choices=("default", "gpu"),
+        default="default",
+        help="default: a small grid for a CPU model; gpu: one for an 8B-70B model on a GPU",
+    )
+    for axis in ("prefill-tokens", "prefill-prefix", "decode-seqs", "decode-context"):
+        profile.add_argument(f"--{axis}", type=_ints, metavar="N,N,...", help=f"override the grid's {axis} values")
+    profile.add_argument("--page-size", type=_positive(int), default=16, help="tokens per KV page (default 16)")
+    profile.add_argument("--num-pages", type=_positive(int), help="KV pages (default: what the largest step needs)")
+    profile.add_argument("--repeats", type=_positive(int), default=5, help="timed runs per point (median kept)")
+    profile.add_argument("--warmup", type=int, default=1, help="untimed runs per point first")
+    profile.add_argument("--seed", type=int, default=0, help="seed of weights and token ids")
+    profile.add_argument("--quiet", action="store_true", help="no progress bar")
+    profile.set_defaults(handler=_profile, subparser=profile)
+
+
+# ------------------------------------------------------------------------------------ bench
+def _bench(args: argparse.Namespace) -> int:
+    """Run the experiments, show tables, write results.json and figures, end with the verdict."""
+    policies = tuple(name for group in args.policy or () for name in group)
+    context = ExperimentContext(_deployment(args), policies, args.seed)
+    context.check_policies()  # everything that can fail on bad input fails before the first run
+    if not args.no_plots:
+        require_plotting()
+    options = _suite_options(args)
+    names = suite_names(args.experiment, options)
+    out_dir = args.output or _RESULTS_ROOT / datetime.now().astimezone().strftime("%Y%m%d-%H%M%S")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    started = time.perf_counter()
+    results: list[ExperimentResult] = []
+    with TerminalUI(quiet=args.quiet) as ui:
+        context = attrs.evolve(context, progress=ui)
+        for name in names:
+            results.append(run_experiment(name, context, options))
+            ui.table(results[-1])
+    figures = [] if args.no_plots else write_figures(results, out_dir)
+    wall_s = time.perf_counter() - started
+    verdict = next((r.verdict() for r in results if isinstance(r, MixedLoadResult)), None)
+    payload = _payload(args, context, results, verdict=verdict, figures=figures, wall_s=wall_s)
+    write_results_json(out_dir / "results.json", payload)
+    _summary(ui, verdict, figures, out_dir, wall_s)
+    return 0
+
+
+def _suite_options(args: argparse.Namespace) -> SuiteOptions:
+    """What the suite needs beyond the context; the trace is read (and checked) before anything runs."""
+    trace = load_trace(args.trace) if args.trace is not None else None
+    return SuiteOptions(quick=args.quick, rate=args.rate, trace=trace, limit=args.limit)
+
+
+def _deployment(args: argparse.Namespace) -> Deployment:
+    """The simulated worker; unknown presets and models that do not fit fail here, before any run."""
+    cost = ProfiledCostModel.from_csv(args.cost_model) if args.cost_model is not None else None
+    deployment = Deployment(
+        hardware=args.hardware, model=args.model, tensor_parallel=args.tensor_parallel, cost_model=cost
+    )
+    deployment.kv_pages()
+    return deployment
+
+
+def _payload(  # noqa: PLR0913 -- the parts of one results file
+    args: argparse.Namespace,
+    context: ExperimentContext,
+    results: list[ExperimentResult],
+    *,
+    verdict: Verdict | None,
+    figures: list[Path],
+    wall_s: float,
+) -> dict[str, Any]:
+    return {
+        "phasesched_version": __version__,
+        "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "command": ["phasesched", *args.arguments],
+        "settings": {
+            "hardware": args.hardware,
+            "model": args.model,
+            "tensor_parallel": args.tensor_parallel,
+            "cost_model": str(args.cost_model) if args.cost_model else "roofline",
+            "kv_pages": context.deployment.kv_pages(),
+            "page_size": context.deployment.page_size,
+            "policies": list(context.policies),
+            "seed": args.seed,
+            "quick": args.quick,
+            "rate": args.rate,
+            "trace": str(args.trace) if args.trace else None,
+            "limit": args.limit,
+        },
+        "experiments": {r.name: {**r.to_dict(), "wall_s": r.wall_s} for r in results},
+        "verdict": verdict.to_dict() if verdict is not None else None,
+        "figures": [p.name for p in figures],
+        "wall_s": wall_s,
+    }
+
+
+def _summary(ui: TerminalUI, verdict: Verdict | None, figures: list[Path], out_dir: Path, wall_s: float) -> None:
+    if verdict is not None:
+        ui.message(verdict.text, always=True)
+    if figures:
+        ui.message("Figures: " + ", ".join(str(p) for p in figures), always=True)
+    ui.message(f"Results: {out_dir / 'results.json'} ({wall_s:.1f} s)", always=True)
+
+
+# ------------------------------------------------------------------------------------ trace, policies
+def _trace_stats(args: argparse.Namespace) -> int:
+    """Print a trace's statistics, as the staged traces' README computes them."""
+    stats = trace_stats(load_trace(args.file, format=args.format, spread_ticks=args.spread_ticks))
+    text = json.dumps(jsonable(stats.to_dict()), indent=2) if args.json else stats.format_table()
+    print(text)  # noqa: T201 -- the command's output
+    return 0
+
+
+def _policies(args: argparse.Namespace) -> int:  # noqa: ARG001 -- every handler takes the namespace
+    for name in POLICIES.names():
+        doc = inspect.getdoc(POLICIES.get(name)) or ""
+        print(f"{name:24s} {doc.splitlines()[0] if doc else ''}")  # noqa: T201 -- the command's output
+    return 0
+
+
+# ------------------------------------------------------------------------------------ profile
+def _profile(args: argparse.Namespace) -> int:
+    """Build the executor, time it on the grid, write the profile CSV with its metadata."""
+    grid = _profile_grid(args)
+    num_pages = args.num_pages or grid.max_pages(args.page_size)
+    executor, options = _executor(args, num_pages)
+    with TerminalUI(quiet=args.quiet) as ui:
+        points = profile_executor(
+            executor,
+            num_pages=num_pages,
+            page_size=args.page_size,
+            grid=grid,
+            repeats=args.repeats,
+            warmup=args.warmup,
+            seed=args.seed,
+            progress=lambda done, total: ui("profile", done, total),
+        )
+    metadata = {
+        "executor": args.executor,
+        **{key: str(value) for key, value in options.items()},
+        "repeats": str(args.repeats),
+        "warmup": str(args.warmup),
+        "grid": "; ".join(f"{k}={' '.join(map(str, v))}" for k, v in _grid_axes(grid).items()),
+        "phasesched": __version__,
+        "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+    }
+    write_profile_csv(args.output, points, metadata)
+    fastest, slowest = (f(p.step_time_s for p in points) * 1e3 for f in (min, max))
+    print(f"wrote {len(points)} points to {args.output} (steps of {fastest:.3f} to {slowest:.3f} ms)")  # noqa: T201
+    return 0
+
+
+def _grid_axes(grid: ProfileGrid) -> dict[str, tuple[int, ...]]:
+    return {k: getattr(grid, k) for k in ("prefill_tokens", "prefill_prefix", "decode_seqs", "decode_context")}
+
+
+def _profile_grid(args: argparse.Namespace) -> ProfileGrid:
+    """The preset grid with any axes the command line overrides."""
+    grid = ProfileGrid.gpu_default() if args.grid == "gpu" else ProfileGrid()
+    overrides = {k: getattr(args, k) for k in _grid_axes(grid) if getattr(args, k) is not None}
+    return attrs.evolve(grid, **overrides)
+
+
+def _executor(args: argparse.Namespace, num_pages: int) -> tuple[Any, dict[str, Any]]:
+    """``EXECUTORS.get(name)(**options)`` with the options its factory takes.
+
+    Options the user gave (``--model``, ``--device``, ``--dtype``, ``--option``) must be accepted;
+    the KV geometry and seed are passed only to a factory that takes them (the simulated
+    executor has no KV, for instance).
+    """
+    factory = EXECUTORS.get(args.executor)
+    given = {k: v for k in ("model", "device", "dtype") if (v := getattr(args, k)) is not None}
+    given.update(_key_values(args.option))
+    params = inspect.signature(factory).parameters
+    takes_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
+    refused = [k for k in given if k not in params and not takes_any]
+    if refused:
+        msg = (
+            f"executor {args.executor!r} does not take {', '.join(refused)}; it takes: {', '.join(params) or 'nothing'}"
+        )
+        raise ValueError(msg)
+    implied = {"num_pages": num_pages, "page_size": args.page_size, "seed": args.seed}
+    options = {k: v for k, v in implied.items() if takes_any or k in params} | given
+    # The metadata records the factory's own defaults too, so the file says how it was measured.
+    defaults = {k: p.default for k, p in params.items() if isinstance(p.default, (str, int, float, bool))}
+    return factory(**options), defaults | options
+
+
+def _key_values(pairs: list[str]) -> dict[str, Any]:
+    """``["a=1", "b=x"]`` as ``{"a": 1, "b": "x"}``: Python literals where they parse, strings otherwise."""
+    out: dict[str, Any] = {}
+    for pair in pairs:
+        key, sep, text = pair.partition("=")
+        if not sep or not key.strip():
+            msg = f"--option expects KEY=VALUE, got {pair!r}"
+            raise ValueError(msg)
+        try:
+            out[key.strip()] = ast.literal_eval(text)
+        except (ValueError, SyntaxError):
+            out[key.strip()] = text
+    return out
+
+
+if __name__ == "__main__":  # pragma: no cover -- `python -m phasesched.cli`
+    sys.exit(main())

@@ -1,0 +1,189 @@
+"""What every experiment shares: the deployment, the policies by registered name, a seed and a progress hook.
+
+An experiment is a function ``run_<name>(context, config) -> result``. The context says *where*
+(hardware, model, cost model) and *with what* (policy names); the per-experiment config says *how
+big*. Results are frozen values with flat ``rows`` (one dict per measured point, the units in
+the key: ``_ms``, ``_tok_s``), the columns a terminal table shows, and ``to_dict()`` for
+``results.json``. Policies are looked up by name in :data:`phasesched.POLICIES`, so a
+third-party policy installed through the ``phasesched.policies`` entry point takes part in any
+experiment exactly as a preset does.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any, Protocol
+
+import attrs
+import numpy as np
+from numpy.typing import NDArray
+
+from phasesched import POLICIES, PolicyOptions, SchedulingPolicy, load_policy
+from phasesched.costmodel.protocol import CostModel
+from phasesched.sim.deployment import Deployment
+
+__all__ = [
+    "CDF_QUANTILES",
+    "Column",
+    "ExperimentContext",
+    "ExperimentResult",
+    "ProgressHook",
+    "Row",
+    "json_object",
+    "jsonable",
+    "ms",
+    "quantiles_ms",
+]
+
+Row = dict[str, Any]
+"""One measured point: flat ``{column: number | str | None}``."""
+
+CDF_QUANTILES = np.linspace(0.0, 100.0, 101)
+"""Percentiles at which distributions are stored for plots and ``results.json`` (0, 1, ..., 100)."""
+
+
+class ProgressHook(Protocol):
+    """Told how a long run advances, e.g. by the CLI's progress bar.
+
+    ``task`` names what is advancing (an experiment, or one policy of a replay); each task
+    reports ``completed`` out of ``total`` units (simulations, or requests in a replay).
+    """
+
+    def __call__(self, task: str, completed: int, total: int) -> None:
+        """Record that ``task`` has done ``completed`` of ``total`` units."""
+
+
+@attrs.frozen
+class Column:
+    """One column of an experiment's terminal table.
+
+    Attributes:
+        key: The row key it shows.
+        header: Its heading.
+        fmt: A format spec for numbers (``",.1f"``); strings are shown as they are.
+    """
+
+    key: str
+    header: str
+    fmt: str = ",.1f"
+
+
+class ExperimentResult(Protocol):
+    """What the report needs from any experiment's result."""
+
+    @property
+    def name(self) -> str:
+        """A key such as ``"mixed_load"`` (``results.json`` and figure file names use it)."""
+
+    @property
+    def title(self) -> str:
+        """A one-line heading for the table."""
+
+    @property
+    def rows(self) -> tuple[Row, ...]:
+        """The measured points."""
+
+    @property
+    def columns(self) -> tuple[Column, ...]:
+        """What the terminal table shows."""
+
+    @property
+    def wall_s(self) -> float:
+        """Seconds the experiment took."""
+
+    def to_dict(self) -> dict[str, Any]:
+        """Everything worth keeping, JSON-ready."""
+
+
+def _names(value: Iterable[str]) -> tuple[str, ...]:
+    return tuple(value)
+
+
+@attrs.frozen
+class ExperimentContext:
+    """The constants an experiment runs under.
+
+    Attributes:
+        deployment: Hardware, model, parallelism and cost model of every worker.
+        policies: Registered policy names the user asked for; empty means each experiment's
+            default (the curves, phase split and grid use ``vllm``; mixed load always compares
+            its own set and *adds* these).
+        seed: Seeds every random workload, so two runs with one seed are identical.
+        progress: Told as runs complete (not part of equality).
+
+    >>> ExperimentContext().policy_names(("vllm",))
+    ('vllm',)
+    """
+
+    deployment: Deployment = attrs.field(factory=Deployment)
+    policies: tuple[str, ...] = attrs.field(default=(), converter=_names)
+    seed: int = attrs.field(default=0, validator=attrs.validators.ge(0))
+    progress: ProgressHook | None = attrs.field(default=None, eq=False, repr=False)
+
+    def policy_names(self, default: tuple[str, ...]) -> tuple[str, ...]:
+        """The user's policies, or ``default`` when none were given."""
+        return self.policies or default
+
+    def check_policies(self) -> None:
+        """Resolve every requested name now, before minutes of simulation.
+
+        Raises:
+            UnknownNameError: A name no plugin provides; the message lists the known ones.
+        """
+        for name in self.policies:
+            POLICIES.get(name)
+
+    def cost_model(self) -> CostModel:
+        """The cost model steps are priced with (and SLO-adaptive policies predict with)."""
+        return self.deployment.step_cost()
+
+    def load(self, name: str, **overrides: Any) -> SchedulingPolicy:
+        """Build policy ``name`` for this deployment; ``overrides`` are :class:`PolicyOptions` fields.
+
+        Every policy gets the deployment's context length and cost model, so a preset or plugin
+        that needs a cost model (``sarathi-slo``) works anywhere.
+        """
+        options: dict[str, Any] = {"max_model_len": self.deployment.max_model_len, "cost_model": self.cost_model()}
+        options.update(overrides)
+        return load_policy(name, PolicyOptions(**options))
+
+    def report(self, task: str, completed: int, total: int) -> None:
+        """Forward progress to the hook, if there is one."""
+        if self.progress is not None:
+            self.progress(task, completed, total)
+
+
+def ms(seconds: float) -> float | None:
+    """Seconds as milliseconds; ``None`` for ``nan`` (an empty distribution)."""
+    return None if math.isnan(seconds) else seconds * 1e3
+
+
+def quantiles_ms(samples_s: NDArray[np.float64]) -> list[float]:
+    """The samples' :data:`CDF_QUANTILES` in milliseconds (empty for no samples), for plots and JSON."""
+    if samples_s.size == 0:
+        return []
+    return [float(v) * 1e3 for v in np.percentile(samples_s, CDF_QUANTILES)]
+
+
+def jsonable(value: Any) -> Any:
+    """``value`` with tuples as lists, numpy scalars and arrays as Python values, ``nan``/``inf`` as ``None``."""
+    if isinstance(value, (np.ndarray, np.generic)):
+        value = value.tolist()
+    if isinstance(value, Mapping):
+        return {str(k): jsonable(v) for k, v in value.items()}
+    if isinstance(value, Sequence) and not isinstance(value, (str, bytes)):
+        return [jsonable(v) for v in value]
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value
+
+
+def json_object(value: Mapping[str, Any]) -> dict[str, Any]:
+    """:func:`jsonable` for a mapping, typed as the dict it returns.
+
+    >>> json_object({"gap": float("nan"), "sizes": (1, 2)})
+    {'gap': None, 'sizes': [1, 2]}
+    """
+    out: dict[str, Any] = jsonable(value)
+    return out

@@ -1,0 +1,1 @@
+"""Tests of phasesched.experiments and phasesched.report."""

@@ -1,0 +1,207 @@
+"""Report writing: tables, results.json, PNG figures, the terminal UI and the optional-dependency errors."""
+
+from __future__ import annotations
+
+import io
+import json
+import math
+import struct
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from phasesched.experiments import (
+    Column,
+    DecodeCurveConfig,
+    ExperimentContext,
+    MixedLoadConfig,
+    PhaseSplitConfig,
+    PrefillCurveConfig,
+    ReplayConfig,
+    run_decode_curve,
+    run_mixed_load,
+    run_phase_split,
+    run_prefill_curve,
+    run_replay,
+)
+from phasesched.report import (
+    MissingExtraError,
+    TerminalUI,
+    _tables,
+    format_cell,
+    format_table,
+    print_table,
+    require_plotting,
+    write_figures,
+    write_results_json,
+)
+from phasesched.sim import fixed
+
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+
+
+def png_size(path: Path) -> tuple[int, int]:
+    """Width and height from a PNG's IHDR chunk (which must come first)."""
+    data = path.read_bytes()
+    assert data[:8] == PNG_SIGNATURE
+    assert data[12:16] == b"IHDR"
+    width, height = struct.unpack(">II", data[16:24])
+    return width, height
+
+
+@pytest.fixture(scope="module")
+def results():
+    context = ExperimentContext()
+    return [
+        run_prefill_curve(context, PrefillCurveConfig.quick()),
+        run_decode_curve(context, DecodeCurveConfig.quick()),
+        run_mixed_load(context, MixedLoadConfig.quick()),
+        run_phase_split(context, PhaseSplitConfig.quick()),
+        run_replay(ExperimentContext(policies=("vllm", "sarathi")), ReplayConfig(fixed(6, 256, 8, rate=10.0))),
+    ]
+
+
+class TestTables:
+    def test_cells(self):
+        """Numbers follow the column's spec; missing values are '-'; whole floats fit integer specs."""
+        assert format_cell(1234.5678, Column("k", "h")) == "1,234.6"
+        assert format_cell(None, Column("k", "h")) == "-"
+        assert format_cell(math.nan, Column("k", "h")) == "-"
+        assert format_cell(300.0, Column("k", "h", ",d")) == "300"
+        assert format_cell(0.915, Column("k", "h", ".1%")) == "91.5%"
+        assert format_cell("sarathi", Column("k", "h")) == "sarathi"
+
+    def test_plain_table(self, results):
+        """Title, headers, a rule and one aligned line per row: text left, numbers right."""
+        mixed = results[2]
+        lines = format_table(mixed).splitlines()
+        assert lines[0] == mixed.title
+        assert lines[1].split()[:2] == ["config", "GPUs"]
+        assert set(lines[2]) <= {"-", " "}
+        assert len(lines) == 3 + len(mixed.rows)
+        assert lines[3].startswith("no-chunk ")
+        widths = {len(line) for line in lines[1:]}
+        assert len(widths) == 1  # right-aligned numbers end every line in the same column
+
+    def test_print_table_without_rich(self, results, monkeypatch):
+        """Without rich installed the table is printed as plain text."""
+        monkeypatch.setattr(_tables, "rich_available", lambda: False)
+        out = io.StringIO()
+        print_table(results[0], file=out)
+        assert out.getvalue().startswith(format_table(results[0]))
+
+    def test_print_table_with_rich(self, results):
+        """With rich, every row's label and the title appear."""
+        pytest.importorskip("rich")
+        out = io.StringIO()
+        print_table(results[2], file=out)
+        text = out.getvalue()
+        assert "Mixed load" in text
+        for row in results[2].rows:
+            assert row["label"][:5] in text
+
+
+class TestResultsJson:
+    def test_strict_json_with_nulls(self, tmp_path):
+        """NaN and infinities become null, numpy values plain numbers, tuples lists; the file is strict JSON."""
+        payload = {"a": math.nan, "b": np.float64(2.5), "c": (1, np.int64(2)), "d": {"e": np.array([1.0, np.inf])}}
+        path = write_results_json(tmp_path / "results.json", payload)
+
+        def refuse(constant: str) -> None:
+            raise AssertionError(constant)
+
+        data = json.loads(path.read_text(), parse_constant=refuse)
+        assert data == {"a": None, "b": 2.5, "c": [1, 2], "d": {"e": [1.0, None]}}
+
+    def test_experiment_dicts_serialize(self, results, tmp_path):
+        """Every experiment's to_dict() writes and reads back with its rows."""
+        payload = {r.name: r.to_dict() for r in results}
+        data = json.loads(write_results_json(tmp_path / "r.json", payload).read_text())
+        assert set(data) == {"prefill_curve", "decode_curve", "mixed_load", "phase_split", "replay"}
+        for result in results:
+            assert len(data[result.name]["rows"]) == len(result.rows)
+
+
+class TestFigures:
+    def test_every_figure_is_a_png(self, results, tmp_path):
+        """write_figures draws each supported figure as a real PNG of a sensible size."""
+        pytest.importorskip("matplotlib")
+        paths = write_figures(results, tmp_path)
+        assert [p.name for p in paths] == [
+            "prefill_curve.png",
+            "decode_curve.png",
+            "mixed_load_gap_cdf.png",
+            "mixed_load_budget.png",
+            "phase_split_budget.png",
+            "replay_cdf.png",
+        ]
+        for path in paths:
+            width, height = png_size(path)
+            assert 300 < width < 3000
+            assert 150 < height < 2000
+
+    def test_missing_matplotlib_says_how_to_install(self, monkeypatch):
+        """Without matplotlib the error names the extra to install."""
+        for name in [m for m in sys.modules if m == "matplotlib" or m.startswith("matplotlib.")]:
+            monkeypatch.delitem(sys.modules, name)
+        monkeypatch.setitem(sys.modules, "matplotlib", None)
+        monkeypatch.setitem(sys.modules, "matplotlib.figure", None)
+        with pytest.raises(MissingExtraError, match=r'pip install "phasesched\[bench\]"'):
+            require_plotting()
+
+
+class TestTerminalUI:
+    def test_quiet_shows_only_what_must_be_shown(self, results):
+        """Quiet: no tables, no ordinary messages; `always` messages still appear."""
+        out = io.StringIO()
+        with TerminalUI(quiet=True, stream=out) as ui:
+            ui("task", 1, 2)
+            ui.table(results[0])
+            ui.message("hidden")
+            ui.message("shown", always=True)
+        assert out.getvalue() == "shown\n"
+
+    def test_not_a_terminal_gets_plain_text(self, results):
+        """Writing to a file: plain tables and messages, no progress bar."""
+        out = io.StringIO()
+        with TerminalUI(stream=out) as ui:
+            ui("task", 1, 2)
+            ui.table(results[1])
+            ui.message("done")
+        assert out.getvalue() == format_table(results[1]) + "\n\ndone\n"
+
+
+class FakeTerminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+class TestTerminalUIOnATerminal:
+    def test_progress_bars_come_and_go(self, results):
+        """On a terminal a bar per task appears and is removed once the task completes; tables use rich."""
+        pytest.importorskip("rich")
+        out = FakeTerminal()
+        with TerminalUI(stream=out) as ui:
+            ui("mixed load", 1, 3)
+            assert list(ui._tasks) == ["mixed load"]
+            ui("mixed load", 3, 3)
+            assert ui._tasks == {}
+            ui.table(results[2])
+            ui.message("done")
+        text = out.getvalue()
+        assert "Mixed load" in text
+        assert "disagg-1p1d" in text
+        assert "done" in text
+
+
+def test_import_stays_light():
+    """Importing phasesched, its experiments, report and CLI loads neither matplotlib nor rich."""
+    code = (
+        "import sys, phasesched, phasesched.experiments, phasesched.report, phasesched.cli; "
+        "print(sorted(m for m in ('matplotlib', 'rich', 'torch') if m in sys.modules))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"

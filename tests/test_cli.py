@@ -1,0 +1,414 @@
+"""The ``phasesched`` command line, end to end: in process through ``main`` and as a subprocess."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import attrs
+import numpy as np
+import pytest
+
+from phasesched import POLICIES, PolicyOptions, SchedulingPolicy, load_policy
+from phasesched.cli import main
+from phasesched.costmodel import ProfiledCostModel, RooflineCostModel, read_profile_csv
+from phasesched.sim import load_trace, synthetic, trace_stats, write_trace
+from phasesched.sim.workload import Poisson, Uniform
+
+TRACES = Path("/work/shared/traces")
+PNG = b"\x89PNG\r\n\x1a\n"
+needs_plots = pytest.mark.skipif(importlib.util.find_spec("matplotlib") is None, reason="matplotlib not installed")
+
+
+def command(*args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+    """Run ``phasesched`` as a user would: the installed script if there is one, else ``python -m``."""
+    script = shutil.which("phasesched", path=str(Path(sys.executable).parent))
+    argv = [script] if script else [sys.executable, "-m", "phasesched.cli"]
+    return subprocess.run([*argv, *args], capture_output=True, text=True, timeout=timeout, check=False)
+
+
+def results(folder: Path) -> dict:
+    return json.loads((folder / "results.json").read_text())
+
+
+def assert_pngs(folder: Path, names: list[str]) -> None:
+    for name in names:
+        assert (folder / name).read_bytes()[:8] == PNG, name
+
+
+class TestHelp:
+    def test_help_as_a_command(self):
+        """`phasesched --help` exits 0 and lists the subcommands."""
+        done = command("--help", timeout=60)
+        assert done.returncode == 0, done.stderr
+        for sub in ("bench", "trace", "profile", "policies"):
+            assert sub in done.stdout
+
+    @pytest.mark.parametrize("sub", [["bench"], ["trace", "stats"], ["profile"], ["policies"]])
+    def test_help_of_each_subcommand(self, sub, capsys):
+        """Every subcommand's --help exits 0."""
+        assert main([*sub, "--help"]) == 0
+        assert "usage: phasesched" in capsys.readouterr().out
+
+    def test_bench_help_names_every_option(self, capsys):
+        """bench --help documents the options the issue asks for."""
+        main(["bench", "--help"])
+        text = capsys.readouterr().out
+        for option in ("--hardware", "--model", "--policy", "--trace", "--rate", "--output", "--cost-model", "--quick"):
+            assert option in text
+
+    def test_version(self, capsys):
+        """--version prints the package version."""
+        assert main(["--version"]) == 0
+        assert capsys.readouterr().out.startswith("phasesched ")
+
+
+class TestUsageErrors:
+    @pytest.mark.parametrize(
+        "argv",
+        [
+            [],
+            ["bench", "nope"],
+            ["bench", "--rate", "-1"],
+            ["bench", "--limit", "0"],
+            ["bench", "replay"],
+            ["profile", "--output", "x.csv"],
+            ["trace"],
+        ],
+    )
+    def test_exit_2(self, argv, capsys):
+        """Malformed command lines exit with status 2 and a usage message."""
+        assert main(argv) == 2
+        assert "usage:" in capsys.readouterr().err
+
+    def test_unknown_policy_lists_the_known_ones(self, tmp_path, capsys):
+        """An unknown policy fails with status 1 before any simulation, naming the known policies."""
+        assert main(["bench", "mixed", "--policy", "vllm,nope", "--output", str(tmp_path / "out")]) == 1
+        err = capsys.readouterr().err
+        assert "nope" in err
+        assert "known:" in err
+        assert "sarathi" in err
+        assert not (tmp_path / "out").exists()
+
+    def test_unknown_hardware(self, capsys):
+        """An unknown hardware preset is a clear failure."""
+        assert main(["bench", "--hardware", "B300", "--no-plots"]) == 1
+        assert "no hardware preset named 'B300'" in capsys.readouterr().err
+
+    def test_model_that_does_not_fit(self, capsys):
+        """Llama-3-70B on one H200 leaves no KV room: status 1, saying so."""
+        assert main(["bench", "--model", "llama-3-70b", "--no-plots"]) == 1
+        assert "does not fit" in capsys.readouterr().err
+
+
+@needs_plots
+class TestBench:
+    def test_mixed_as_a_command(self, tmp_path):
+        """`phasesched bench mixed --output DIR` writes results.json, figures and prints the verdict."""
+        out = tmp_path / "mixed"
+        done = command("bench", "mixed", "--quick", "--output", str(out))
+        assert done.returncode == 0, done.stderr
+        data = results(out)
+        assert list(data["experiments"]) == ["mixed_load"]
+        assert data["verdict"]["winner"]["label"] in {r["label"] for r in data["experiments"]["mixed_load"]["rows"]}
+        assert data["figures"] == ["mixed_load_gap_cdf.png", "mixed_load_budget.png"]
+        assert_pngs(out, data["figures"])
+        assert "Verdict:" in done.stdout
+        assert "Mixed load" in done.stdout
+
+    def test_suite_in_process(self, tmp_path, capsys):
+        """`bench --quick`: every suite experiment in results.json, each figure written, settings recorded."""
+        assert main(["bench", "--quick", "--output", str(tmp_path), "--seed", "3"]) == 0
+        data = results(tmp_path)
+        assert list(data["experiments"]) == ["prefill_curve", "decode_curve", "mixed_load", "phase_split", "grid"]
+        assert data["settings"]["hardware"] == "H200"
+        assert data["settings"]["seed"] == 3
+        assert data["settings"]["cost_model"] == "roofline"
+        assert data["command"] == ["phasesched", "bench", "--quick", "--output", str(tmp_path), "--seed", "3"]
+        assert set(data["figures"]) == {p.name for p in tmp_path.glob("*.png")}
+        assert len(data["figures"]) == 5
+        assert_pngs(tmp_path, data["figures"])
+        for experiment in data["experiments"].values():
+            assert experiment["rows"]
+            assert experiment["wall_s"] > 0
+        out = capsys.readouterr().out
+        assert "Verdict:" in out
+        assert "results.json" in out
+
+    def test_quiet_prints_only_the_verdict_and_paths(self, tmp_path, capsys):
+        """--quiet leaves out tables; the verdict and the results path remain."""
+        assert main(["bench", "mixed", "--quick", "--quiet", "--no-plots", "--output", str(tmp_path)]) == 0
+        out = capsys.readouterr().out
+        assert "Verdict:" in out
+        assert "Mixed load" not in out
+        assert not list(tmp_path.glob("*.png"))
+
+    def test_plugin_policy_joins_mixed_load(self, tmp_path):
+        """`bench mixed --policy NAME` adds a policy found by its registered name to the comparison."""
+
+        def factory(options: PolicyOptions) -> SchedulingPolicy:
+            return attrs.evolve(load_policy("sarathi", attrs.evolve(options, chunk_size=192)), name="cli-test-policy")
+
+        POLICIES.register("cli-test-policy", factory)
+        try:
+            status = main(
+                [
+                    "bench",
+                    "mixed",
+                    "--quick",
+                    "--no-plots",
+                    "--quiet",
+                    "--policy",
+                    "cli-test-policy",
+                    "--output",
+                    str(tmp_path),
+                ]
+            )
+        finally:
+            POLICIES.unregister("cli-test-policy")
+        assert status == 0
+        labels = [r["label"] for r in results(tmp_path)["experiments"]["mixed_load"]["rows"]]
+        assert labels[-1] == "cli-test-policy"
+
+    @pytest.mark.skipif("sjf" not in POLICIES, reason="examples/custom_policy (an entry-point plugin) not installed")
+    def test_entry_point_plugin_joins_mixed_load(self, tmp_path):
+        """A policy installed through the phasesched.policies entry point joins the comparison too."""
+        assert (
+            main(["bench", "mixed", "--quick", "--no-plots", "--quiet", "--policy", "sjf", "--output", str(tmp_path)])
+            == 0
+        )
+        assert "sjf" in [r["label"] for r in results(tmp_path)["experiments"]["mixed_load"]["rows"]]
+
+    def test_replay(self, tmp_path):
+        """`bench replay --trace --policy a,b --rate`: a row per policy, at the requested rate, and its figure."""
+        trace = tmp_path / "t.csv"
+        write_trace(synthetic(30, Poisson(5.0), Uniform(32, 512), Uniform(4, 16), seed=2), trace)
+        out = tmp_path / "out"
+        assert (
+            main(
+                [
+                    "bench",
+                    "replay",
+                    "--trace",
+                    str(trace),
+                    "--policy",
+                    "vllm,sarathi",
+                    "--rate",
+                    "20",
+                    "--quiet",
+                    "--output",
+                    str(out),
+                ]
+            )
+            == 0
+        )
+        data = results(out)
+        replay = data["experiments"]["replay"]
+        assert [r["policy"] for r in replay["rows"]] == ["vllm", "sarathi"]
+        assert replay["served_rate"] == pytest.approx(20.0)
+        assert data["verdict"] is None
+        assert_pngs(out, ["replay_cdf.png"])
+
+    def test_cost_model_file_prices_the_steps(self, tmp_path):
+        """--cost-model uses the profiled table: a batch prefilled in one step takes the table's price for it."""
+        table = tmp_path / "profile.csv"
+        assert (
+            main(
+                [
+                    "profile",
+                    "--executor",
+                    "sim",
+                    "--quiet",
+                    "--repeats",
+                    "1",
+                    "--warmup",
+                    "0",
+                    "--prefill-tokens",
+                    "0,256,4096",
+                    "--prefill-prefix",
+                    "0",
+                    "--decode-seqs",
+                    "0,1",
+                    "--decode-context",
+                    "16,4096",
+                    "--output",
+                    str(table),
+                ]
+            )
+            == 0
+        )
+        out = tmp_path / "out"
+        assert (
+            main(
+                [
+                    "bench",
+                    "prefill",
+                    "--quick",
+                    "--no-plots",
+                    "--quiet",
+                    "--policy",
+                    "no-chunk",
+                    "--cost-model",
+                    str(table),
+                    "--output",
+                    str(out),
+                ]
+            )
+            == 0
+        )
+        data = results(out)
+        assert data["settings"]["cost_model"] == str(table)
+        model = ProfiledCostModel.from_csv(table)
+        for row in data["experiments"]["prefill_curve"]["rows"]:
+            batch = np.full(row["batch"], row["prompt_len"])  # no-chunk prefills the whole batch in one step
+            assert row["first_ttft_ms"] == pytest.approx(model.step_time(batch, batch) * 1e3)
+
+
+class TestTraceStats:
+    @pytest.mark.skipif(not TRACES.is_dir(), reason="/work/shared/traces is absent")
+    @pytest.mark.parametrize(
+        ("name", "rows"),
+        [
+            ("AzureLLMInferenceTrace_code.csv", "8,819"),
+            ("AzureLLMInferenceTrace_conv.csv", "19,366"),
+            ("conversation_trace.jsonl", "12,031"),
+        ],
+    )
+    def test_shared_traces(self, name, rows, capsys):
+        """Each staged trace's statistics table starts with its request count."""
+        assert main(["trace", "stats", str(TRACES / name)]) == 0
+        assert f"{rows} requests" in capsys.readouterr().out
+
+    def test_generated_csv(self, tmp_path, capsys):
+        """A trace written by write_trace: the table is trace_stats' and --json its values."""
+        path = tmp_path / "gen.csv"
+        write_trace(synthetic(200, Poisson(4.0), Uniform(10, 900), Uniform(1, 50), seed=7), path)
+        expected = trace_stats(load_trace(path))
+        assert main(["trace", "stats", str(path)]) == 0
+        assert capsys.readouterr().out.strip() == expected.format_table()
+        assert main(["trace", "stats", str(path), "--json"]) == 0
+        data = json.loads(capsys.readouterr().out)
+        assert data["rows"] == 200
+        assert data["mean_rate"] == pytest.approx(expected.mean_rate)
+        assert data["prompt"]["max"] == expected.prompt.max
+
+    def test_malformed_trace(self, tmp_path, capsys):
+        """A bad row fails with status 1 and names its line."""
+        path = tmp_path / "bad.csv"
+        path.write_text("arrival_s,prompt_len,output_len\n0.0,10,5\n0.5,ten,5\n")
+        assert main(["trace", "stats", str(path)]) == 1
+        assert "bad.csv:3: prompt_len is not an integer" in capsys.readouterr().err
+
+    def test_missing_file(self, tmp_path, capsys):
+        """A missing file is status 1, not a traceback."""
+        assert main(["trace", "stats", str(tmp_path / "none.csv")]) == 1
+        assert "none.csv" in capsys.readouterr().err
+
+
+class TestProfile:
+    GRID = ("--prefill-tokens", "0,16", "--prefill-prefix", "0", "--decode-seqs", "0,1", "--decode-context", "16")
+
+    def test_torch_executor(self, tmp_path):
+        """`profile --executor torch` writes a CSV with metadata that ProfiledCostModel reads."""
+        pytest.importorskip("torch")
+        pytest.importorskip("phasesched_torch")
+        path = tmp_path / "torch.csv"
+        assert (
+            main(
+                [
+                    "profile",
+                    "--executor",
+                    "torch",
+                    "--model",
+                    "tiny",
+                    "--device",
+                    "cpu",
+                    *self.GRID,
+                    "--repeats",
+                    "1",
+                    "--warmup",
+                    "0",
+                    "--quiet",
+                    "--output",
+                    str(path),
+                ]
+            )
+            == 0
+        )
+        points, metadata = read_profile_csv(path)
+        assert len(points) == 4
+        assert metadata["executor"] == "torch"
+        assert metadata["model"] == "tiny"
+        assert metadata["device"] == "cpu"
+        assert all(p.step_time_s > 0 for p in points if p.prefill_tokens or p.decode_seqs)
+        ProfiledCostModel.from_csv(path)
+
+    def test_simulated_executor_matches_its_roofline(self, tmp_path):
+        """Profiling the sim executor measures exactly its roofline's step times."""
+        path = tmp_path / "sim.csv"
+        assert (
+            main(
+                [
+                    "profile",
+                    "--executor",
+                    "sim",
+                    "--model",
+                    "llama-3-8b",
+                    *self.GRID,
+                    "--repeats",
+                    "1",
+                    "--quiet",
+                    "--output",
+                    str(path),
+                ]
+            )
+            == 0
+        )
+        points, metadata = read_profile_csv(path)
+        assert metadata["executor"] == "sim"
+        roofline = RooflineCostModel.from_names("H200", "llama-3-8b")
+        lone_decode = next(p for p in points if p.decode_seqs == 1 and p.prefill_tokens == 0)
+        assert lone_decode.step_time_s == pytest.approx(roofline.step_time(np.array([1]), np.array([16])))
+
+    def test_option_the_executor_does_not_take(self, tmp_path, capsys):
+        """An option the factory does not accept is refused, naming what it does take."""
+        assert main(["profile", "--executor", "sim", "--device", "cuda", "--output", str(tmp_path / "x.csv")]) == 1
+        err = capsys.readouterr().err
+        assert "does not take device" in err
+        assert "hardware" in err
+
+    def test_executor_without_timing(self, tmp_path, capsys):
+        """The deterministic executor makes no timing claim, so it cannot be profiled."""
+        assert main(["profile", "--executor", "deterministic", "--output", str(tmp_path / "x.csv")]) == 1
+        assert "duration_s=None" in capsys.readouterr().err
+
+    def test_unknown_executor(self, tmp_path, capsys):
+        """An unknown executor lists the registered ones."""
+        assert main(["profile", "--executor", "nope", "--output", str(tmp_path / "x.csv")]) == 1
+        assert "known:" in capsys.readouterr().err
+
+
+def test_policies_lists_the_presets(capsys):
+    """`phasesched policies` prints every registered name with its summary."""
+    assert main(["policies"]) == 0
+    out = capsys.readouterr().out
+    for name in POLICIES.names():
+        assert name in out
+
+
+@pytest.mark.slow
+@needs_plots
+def test_plain_bench_runs_the_seed_suite_within_a_minute(tmp_path):
+    """Plain `phasesched bench` (full sizes, H200 + Llama-3-8B) finishes in under 60 s with its verdict."""
+    done = command("bench", "--output", str(tmp_path), timeout=300)
+    assert done.returncode == 0, done.stderr
+    data = results(tmp_path)
+    assert data["wall_s"] < 60
+    assert data["settings"]["quick"] is False
+    assert len(data["experiments"]["grid"]["rows"]) == 36
+    assert data["verdict"]["winner"]["prefill_vs_baseline"] >= 0.9
+    assert "Verdict:" in done.stdout
