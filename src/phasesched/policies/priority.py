@@ -53,8 +53,19 @@ def _admit_waiting(view: SchedulerView, builder: BatchBuilder, max_declined: int
                 return
 
 
+class _SchedulesEveryDecode:
+    """Marks a built-in priority whose steps, with nothing waiting, schedule every running decode."""
+
+    schedules_every_decode: ClassVar[bool] = True
+    """When nothing waits and every running request decodes, each step schedules them all.
+
+    Simulators may then advance many such steps at once (``Scheduler.decode_run``). A plugin
+    policy opts in by declaring the same class attribute.
+    """
+
+
 @attrs.frozen
-class DecodeFirst:
+class DecodeFirst(_SchedulesEveryDecode):
     """Stall-free batching: running decodes, then ongoing prefill chunks, then new prompts.
 
     This is vLLM V1's and Sarathi-Serve's order. ``max_declined`` bounds how many waiting
@@ -63,13 +74,6 @@ class DecodeFirst:
     """
 
     max_declined: int = attrs.field(default=8, validator=attrs.validators.ge(0))
-
-    schedules_every_decode: ClassVar[bool] = True
-    """When nothing waits and every running request decodes, each step schedules them all.
-
-    Simulators may then advance many such steps at once (``Scheduler.decode_run``). A plugin
-    policy opts in by declaring the same.
-    """
 
     def select(self, view: SchedulerView, builder: BatchBuilder) -> Selection:
         """Decodes, then chunks, then admissions."""
@@ -81,7 +85,7 @@ class DecodeFirst:
 
 
 @attrs.frozen
-class PrefillFirst:
+class PrefillFirst(_SchedulesEveryDecode):
     """Prompts before decodes, as SGLang's default and vLLM V0 did.
 
     Ongoing and new prefills are scheduled first; when any prefill runs, decodes wait for the
@@ -90,13 +94,6 @@ class PrefillFirst:
 
     mix_decodes: bool = False
     max_declined: int = attrs.field(default=8, validator=attrs.validators.ge(0))
-
-    schedules_every_decode: ClassVar[bool] = True
-    """When nothing waits and every running request decodes, each step schedules them all.
-
-    Simulators may then advance many such steps at once (``Scheduler.decode_run``). A plugin
-    policy opts in by declaring the same.
-    """
 
     def select(self, view: SchedulerView, builder: BatchBuilder) -> Selection:
         """Prefills, then decodes only if there were none (or mixing is on)."""
@@ -109,7 +106,7 @@ class PrefillFirst:
 
 
 @attrs.frozen
-class EqualProgress:
+class EqualProgress(_SchedulesEveryDecode):
     """TensorRT-LLM's equal-progress chunking: prompts share the budget left after decodes.
 
     After every decode is scheduled, the remaining token budget is dealt out in rounds of
@@ -119,13 +116,6 @@ class EqualProgress:
 
     unit: int = attrs.field(default=64, validator=attrs.validators.gt(0))
     max_prompts: int = attrs.field(default=16, validator=attrs.validators.gt(0))
-
-    schedules_every_decode: ClassVar[bool] = True
-    """When nothing waits and every running request decodes, each step schedules them all.
-
-    Simulators may then advance many such steps at once (``Scheduler.decode_run``). A plugin
-    policy opts in by declaring the same.
-    """
 
     def select(self, view: SchedulerView, builder: BatchBuilder) -> Selection:
         """Decodes, then equal shares of the rest."""
