@@ -32,6 +32,7 @@ from phasesched_torch._errors import UnsupportedConfigError as UnsupportedConfig
 from phasesched_torch._executor import StepLogits as StepLogits
 from phasesched_torch._executor import TorchExecutor as TorchExecutor
 from phasesched_torch._executor import create_executor as create_executor
+from phasesched_torch._executor import load_model as load_model
 from phasesched_torch._kv_cache import KVLayout as KVLayout
 from phasesched_torch._kv_cache import PagedKVCache as PagedKVCache
 from phasesched_torch._kv_cache import append_paged_kv_cache as append_paged_kv_cache
@@ -41,6 +42,8 @@ from phasesched_torch._kv_cache import kv_write_slots as kv_write_slots
 from phasesched_torch._kv_cache import write_paged_kv as write_paged_kv
 from phasesched_torch._model import ForwardBatch as ForwardBatch
 from phasesched_torch._model import LlamaModel as LlamaModel
+from phasesched_torch._model import StepAttention as StepAttention
+from phasesched_torch._model import TorchAttention as TorchAttention
 from phasesched_torch._rope import apply_rope as apply_rope
 from phasesched_torch._rope import rope_angles as rope_angles
 from phasesched_torch._rope import rope_inv_freq as rope_inv_freq
@@ -73,8 +76,10 @@ __all__ = [
     "PlanNotExecutableError",
     "RequestSampler",
     "StateDictError",
+    "StepAttention",
     "StepLogits",
     "TensorShapeError",
+    "TorchAttention",
     "TorchExecutor",
     "UnexpectedTensorError",
     "UnsupportedConfigError",
@@ -87,6 +92,7 @@ __all__ = [
     "expected_shapes",
     "gather_kv",
     "kv_write_slots",
+    "load_model",
     "load_safetensors",
     "paged_attention",
     "plan_paged_attention",

@@ -24,11 +24,11 @@ from phasesched_torch._attention import plan_paged_attention
 from phasesched_torch._config import LlamaConfig
 from phasesched_torch._errors import PlanNotExecutableError
 from phasesched_torch._kv_cache import kv_write_slots
-from phasesched_torch._model import ForwardBatch, LlamaModel
+from phasesched_torch._model import ForwardBatch, LlamaModel, TorchAttention
 from phasesched_torch._rope import rope_angles
 from phasesched_torch._sampling import RequestSampler
 
-__all__ = ["StepLogits", "TorchExecutor", "create_executor"]
+__all__ = ["StepLogits", "TorchExecutor", "create_executor", "load_model"]
 
 _DTYPES: Mapping[str, torch.dtype] = {
     "float32": torch.float32,
@@ -130,7 +130,7 @@ class TorchExecutor:
             return StepResult(step_id=plan.step_id, token_ids=np.empty(0, np.int32), duration_s=0.0)
         start = time.perf_counter()
         with torch.inference_mode():
-            logits = self.model.forward(self.prepare(plan), self.kv_cache)
+            logits = self.logits(plan)
             sampling = np.flatnonzero(plan.samples)
             request_ids = tuple(plan.request_ids[i] for i in sampling.tolist())
             tokens = self.sampler.sample(logits, request_ids, plan.kv_len[sampling].tolist())
@@ -188,12 +188,23 @@ class TorchExecutor:
             msg = f"plan {plan.step_id}: token id {int(input_ids[row])} (row {row}) is not in the vocabulary of {vocab}"
             raise PlanNotExecutableError(msg)
 
+    def logits(self, plan: StepPlan) -> torch.Tensor:
+        """Run the model over a checked, non-empty plan (writing its KV) and return its logits.
+
+        Subclasses that run the step another way (a captured CUDA graph) override this.
+
+        Returns:
+            float32 ``[S, vocab_size]``: the last query row of each sampling slice, in batch order.
+
+        """
+        return self.model.forward(self.prepare(plan), self.kv_cache)
+
     def prepare(self, plan: StepPlan) -> ForwardBatch:
         """Derive the step's device tensors from a checked, non-empty plan (once per step).
 
         Returns:
-            Inputs every layer reads: token ids, RoPE angles, KV write slots, the attention
-            plan and the rows to sample.
+            Inputs every layer reads: token ids, the step's :class:`TorchAttention` (RoPE
+            angles, KV write slots, the attention plan) and the rows to sample.
 
         """
         assert plan.input_ids is not None
@@ -210,10 +221,7 @@ class TorchExecutor:
         sample_rows = (plan.qo_indptr[1:].astype(np.int64) - 1)[plan.samples]
         return ForwardBatch(
             input_ids=torch.tensor(plan.input_ids, dtype=torch.int64).to(device),
-            cos=cos,
-            sin=sin,
-            write_slots=(pages.to(device), offsets.to(device)),
-            attention=attention,
+            attention=TorchAttention(cos, sin, (pages.to(device), offsets.to(device)), attention),
             sample_rows=torch.from_numpy(sample_rows).to(device),
         )
 
@@ -239,6 +247,34 @@ def _resolve_dtype(dtype: str | torch.dtype) -> torch.dtype:
         msg = f"no dtype named {dtype!r}; known: {', '.join(sorted(_DTYPES))}"
         raise UnknownNameError(msg)
     return resolved
+
+
+def load_model(  # noqa: PLR0913 -- the model's keyword-only knobs, each with a default
+    *,
+    model: str | LlamaConfig | Mapping[str, Any] = "tiny",
+    device: str | torch.device = "cpu",
+    dtype: str | torch.dtype = "float32",
+    seed: int = 0,
+    state_dict: Mapping[str, torch.Tensor] | str | PathLike[str] | None = None,
+    num_layers: int | None = None,
+) -> LlamaModel:
+    """Build a :class:`LlamaModel` from the knobs :func:`create_executor` takes (see there).
+
+    Executors built on this model (``phasesched_flashinfer``) share the resolution of presets,
+    config dicts, dtype names and checkpoints.
+
+    Raises:
+        UnknownNameError: An unknown preset or dtype name.
+        StateDictError: The weights do not fit the config (the error names the tensor).
+
+    """
+    config = _resolve_config(model, num_layers)
+    torch_dtype = _resolve_dtype(dtype)
+    if state_dict is None:
+        return LlamaModel.random(config, seed=seed, device=device, dtype=torch_dtype)
+    if isinstance(state_dict, Mapping):
+        return LlamaModel.from_state_dict(config, state_dict, device=device, dtype=torch_dtype)
+    return LlamaModel.from_safetensors(config, state_dict, device=device, dtype=torch_dtype)
 
 
 def create_executor(  # noqa: PLR0913 -- the entry point's keyword-only knobs, each with a default
@@ -271,12 +307,5 @@ def create_executor(  # noqa: PLR0913 -- the entry point's keyword-only knobs, e
         StateDictError: The weights do not fit the config (the error names the tensor).
 
     """
-    config = _resolve_config(model, num_layers)
-    torch_dtype = _resolve_dtype(dtype)
-    if state_dict is None:
-        llama = LlamaModel.random(config, seed=seed, device=device, dtype=torch_dtype)
-    elif isinstance(state_dict, Mapping):
-        llama = LlamaModel.from_state_dict(config, state_dict, device=device, dtype=torch_dtype)
-    else:
-        llama = LlamaModel.from_safetensors(config, state_dict, device=device, dtype=torch_dtype)
+    llama = load_model(model=model, device=device, dtype=dtype, seed=seed, state_dict=state_dict, num_layers=num_layers)
     return TorchExecutor(llama, num_pages=num_pages, page_size=page_size, seed=seed)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from os import PathLike
+from typing import Protocol
 
 import attrs
 import torch
@@ -27,7 +28,60 @@ from phasesched_torch._weights import (
     weights_from_state_dict,
 )
 
-__all__ = ["ForwardBatch", "LlamaModel"]
+__all__ = ["ForwardBatch", "LlamaModel", "StepAttention", "TorchAttention"]
+
+
+class StepAttention(Protocol):
+    """One step's attention, planned once from the step's metadata and called by every layer.
+
+    This is the seam an attention library plugs into: the model computes projections, norms
+    and the MLP, and hands each layer's unrotated queries, keys and values here.
+    :class:`TorchAttention` is the reference; ``phasesched_flashinfer`` provides FlashInfer's.
+    """
+
+    def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Tensor) -> torch.Tensor:
+        """Rotate ``q`` and ``k`` at the step's positions, write ``k`` and ``v`` into ``kv_cache``, attend.
+
+        Args:
+            q: ``[T, Hq, D]`` in the model's dtype, not yet rotated (may be rotated in place).
+            k: ``[T, Hkv, D]``, not yet rotated (may be rotated in place).
+            v: ``[T, Hkv, D]``.
+            kv_cache: One layer's NHD cache ``[num_pages, 2, page_size, Hkv, D]``, written in place.
+
+        Returns:
+            ``[T, Hq, D]`` in ``q.dtype``: each row's attention over its slice's cached context,
+            this step's own keys included.
+
+        """
+        ...
+
+
+@attrs.frozen(eq=False)
+class TorchAttention:
+    """The reference :class:`StepAttention`: RoPE, KV writes and paged attention in plain PyTorch.
+
+    Attributes:
+        cos: float32 ``[T, head_dim // 2]``: RoPE cosines at each row's absolute position.
+        sin: float32 ``[T, head_dim // 2]``: RoPE sines.
+        write_slots: ``(pages, offsets)``, each int64 ``[T]``: the cache page each row's key
+            and value go to, and the row within it.
+        plan: Gather indices and masks for paged attention.
+
+    """
+
+    cos: torch.Tensor
+    sin: torch.Tensor
+    write_slots: tuple[torch.Tensor, torch.Tensor]
+    plan: PagedAttentionPlan
+
+    def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Tensor) -> torch.Tensor:
+        """See :meth:`StepAttention.__call__`; math in float32 (``q`` and ``k`` are not modified)."""
+        q = apply_rope(q, self.cos, self.sin)
+        k = apply_rope(k, self.cos, self.sin)
+        # Write before attending: this step's own keys are part of the context it attends to.
+        write_paged_kv(kv_cache, k, v, self.write_slots)
+        out, _ = run_paged_attention(self.plan, q, kv_cache)
+        return out
 
 
 @attrs.frozen(eq=False)
@@ -35,22 +89,15 @@ class ForwardBatch:
     """One step's inputs on the model's device, derived once from a plan and read by every layer.
 
     Attributes:
-        input_ids: int64 ``[T]``: token of each query row.
-        cos: float32 ``[T, head_dim // 2]``: RoPE cosines at each row's absolute position.
-        sin: float32 ``[T, head_dim // 2]``: RoPE sines.
-        write_slots: ``(pages, offsets)``, each int64 ``[T]``: the cache page each row's key
-            and value go to, and the row within it.
-        attention: Gather indices and masks for paged attention.
-        sample_rows: int64 ``[S]``: query rows whose logits are wanted (the last row of each
-            sampling slice), in batch order.
+        input_ids: int64 (or int32) ``[T]``: token of each query row.
+        attention: The step's planned attention (RoPE, KV writes, paged attention).
+        sample_rows: int64 (or int32) ``[S]``: query rows whose logits are wanted (the last row
+            of each sampling slice), in batch order.
 
     """
 
     input_ids: torch.Tensor
-    cos: torch.Tensor
-    sin: torch.Tensor
-    write_slots: tuple[torch.Tensor, torch.Tensor]
-    attention: PagedAttentionPlan
+    attention: StepAttention
     sample_rows: torch.Tensor
 
 
@@ -169,11 +216,7 @@ class LlamaModel:
         hq, hkv, d = config.num_heads, config.num_kv_heads, config.head_dim
         h = _rms_norm(x, w.input_norm, config.rms_norm_eps)
         q, k, v = torch.split(F.linear(h, w.qkv, w.qkv_bias), [hq * d, hkv * d, hkv * d], dim=-1)
-        q = apply_rope(q.reshape(rows, hq, d), batch.cos, batch.sin)
-        k = apply_rope(k.reshape(rows, hkv, d), batch.cos, batch.sin)
-        # Write before attending: this step's own keys are part of the context it attends to.
-        write_paged_kv(cache, k, v.reshape(rows, hkv, d), batch.write_slots)
-        attn, _ = run_paged_attention(batch.attention, q, cache)
+        attn = batch.attention(q.reshape(rows, hq, d), k.reshape(rows, hkv, d), v.reshape(rows, hkv, d), cache)
         x = x + F.linear(attn.reshape(rows, hq * d), w.o_proj, w.o_bias)
         h = _rms_norm(x, w.post_norm, config.rms_norm_eps)
         gate, up = F.linear(h, w.gate_up, w.gate_up_bias).chunk(2, dim=-1)

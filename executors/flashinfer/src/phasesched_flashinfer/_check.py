@@ -1,0 +1,377 @@
+"""Measurements that hold an executor against the torch reference, for the offline GPU check.
+
+Nothing here imports FlashInfer; each function takes executors (or the kernels module) and
+runs wherever they run, so the CPU tests exercise these harnesses with the torch executor and
+a FlashInfer stand-in, and ``gpu_check/check.py`` runs them with the real kernels:
+
+* :func:`lockstep_compare` drives two executors with the *same* plans, feeding the scheduler
+  the reference's tokens (teacher forcing), and compares every sampled row's logits and
+  greedy token. Logits must agree within a tolerance relative to their scale; a token may
+  differ only at a near tie, where the reference's top-two margin is within twice that
+  tolerance (bf16 logits tie often enough that a random model's greedy tokens cannot be
+  bit-identical across kernels; anything wider is a real divergence).
+* :func:`attention_kernel_check` compares the kernels alone with the reference paged
+  attention on a random mixed batch and a decode batch.
+* :func:`time_decode` times one decode step: the whole ``execute`` and, with device events,
+  the forward, the attention kernels and RoPE + KV append of every layer.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable, Iterable, Sequence
+
+import attrs
+import numpy as np
+import torch
+
+from phasesched import Request, Scheduler, SchedulerConfig, SchedulingPolicy, StepPlan, StepResult
+from phasesched.plan import build_step_plan
+from phasesched_flashinfer._attention import FlashInferAttention
+from phasesched_flashinfer._executor import FlashInferExecutor
+from phasesched_flashinfer._kernels import FlashInferKernels
+from phasesched_torch import LlamaConfig, StepLogits, TorchExecutor, paged_attention
+
+__all__ = [
+    "CHECK_MODEL",
+    "DecodeTiming",
+    "LockstepReport",
+    "attention_kernel_check",
+    "decode_plan",
+    "device_time",
+    "free_running_outputs",
+    "lockstep_compare",
+    "time_decode",
+]
+
+CHECK_MODEL = LlamaConfig(
+    vocab_size=2048,
+    hidden_size=1024,
+    intermediate_size=2048,
+    num_layers=2,
+    num_heads=8,
+    num_kv_heads=2,
+    head_dim=128,
+    rope_theta=500000.0,
+)
+"""A tiny model FlashInfer can run: head_dim 128 (the bundle's), four query heads per kv head."""
+
+
+@attrs.define
+class LockstepReport:
+    """What :func:`lockstep_compare` saw (mutable while it runs, then read).
+
+    Attributes:
+        rel_tol: Allowed logit difference, relative to the largest reference logit of its row.
+        steps: Plans run.
+        mixed_steps: Plans with decodes and prefill tokens together.
+        decode_only_steps: Plans of one-row slices only.
+        sampled_tokens: Rows compared.
+        token_mismatches: Rows whose greedy tokens differ.
+        unexplained_mismatches: Mismatches that are not near ties: the reference's top-two
+            margin exceeds ``2 * rel_tol`` times the row's largest logit.
+        max_abs_logit_diff: Largest ``|candidate - reference|`` logit.
+        max_rel_logit_diff: Largest row-wise ``max |candidate - reference| / max |reference|``.
+
+    """
+
+    rel_tol: float
+    steps: int = 0
+    mixed_steps: int = 0
+    decode_only_steps: int = 0
+    sampled_tokens: int = 0
+    token_mismatches: int = 0
+    unexplained_mismatches: int = 0
+    max_abs_logit_diff: float = 0.0
+    max_rel_logit_diff: float = 0.0
+
+    @property
+    def passed(self) -> bool:
+        """Rows were compared, logits agree within ``rel_tol``, and tokens differ only at near ties."""
+        return self.sampled_tokens > 0 and self.unexplained_mismatches == 0 and self.max_rel_logit_diff <= self.rel_tol
+
+    def add(self, plan: StepPlan, ref: StepLogits, cand: StepLogits, results: tuple[StepResult, StepResult]) -> None:
+        """Fold in one step's sampled rows."""
+        self.steps += 1
+        self.mixed_steps += int(plan.num_decodes > 0 and plan.num_prefill_tokens > 0)
+        self.decode_only_steps += int(plan.num_tokens == plan.batch_size)
+        if ref.request_ids != cand.request_ids:
+            msg = f"step {plan.step_id}: sampled rows differ: {ref.request_ids} vs {cand.request_ids}"
+            raise AssertionError(msg)
+        if not ref.request_ids:
+            return
+        a, b = ref.logits.float(), cand.logits.float().to(ref.logits.device)
+        diff = (b - a).abs().amax(dim=-1)
+        scale = a.abs().amax(dim=-1).clamp_min(1e-6)
+        top2 = a.topk(2, dim=-1).values
+        margin = top2[:, 0] - top2[:, 1]
+        ref_tokens, cand_tokens = (r.token_ids[plan.samples] for r in results)
+        mismatch = torch.from_numpy(ref_tokens != cand_tokens).to(diff.device)
+        self.sampled_tokens += len(ref.request_ids)
+        self.token_mismatches += int(mismatch.sum())
+        self.unexplained_mismatches += int((mismatch & (margin > 2 * self.rel_tol * scale)).sum())
+        self.max_abs_logit_diff = max(self.max_abs_logit_diff, float(diff.max()))
+        self.max_rel_logit_diff = max(self.max_rel_logit_diff, float((diff / scale).max()))
+
+
+def lockstep_compare(  # noqa: PLR0913 -- keyword-only knobs of one comparison
+    reference: TorchExecutor,
+    candidate: TorchExecutor,
+    requests: Iterable[Request],
+    policy: SchedulingPolicy,
+    *,
+    num_pages: int,
+    page_size: int,
+    rel_tol: float,
+    max_steps: int = 10_000,
+) -> LockstepReport:
+    """Run both executors on every plan of one scheduler; the reference's tokens drive it.
+
+    Both executors need fresh caches of at least ``num_pages`` pages of ``page_size``;
+    ``rel_tol`` is :attr:`LockstepReport.rel_tol`.
+
+    Raises:
+        AssertionError: The two sample different rows, or the run does not finish.
+
+    """
+    scheduler = Scheduler(SchedulerConfig(num_pages=num_pages, page_size=page_size), policy)
+    for request in requests:
+        scheduler.add_request(request)
+    report = LockstepReport(rel_tol)
+    for _ in range(max_steps):
+        if not scheduler.num_unfinished:
+            return report
+        plan = scheduler.schedule()
+        ref, cand = reference.execute(plan), candidate.execute(plan)
+        cand.check_against(plan)
+        ref_logits, cand_logits = reference.last_logits, candidate.last_logits
+        if not plan.is_empty and ref_logits is not None and cand_logits is not None:
+            report.add(plan, ref_logits, cand_logits, (ref, cand))
+        scheduler.update(plan, ref)
+    msg = f"still {scheduler.num_unfinished} requests after {max_steps} steps"
+    raise AssertionError(msg)
+
+
+def free_running_outputs(  # noqa: PLR0913 -- keyword-only knobs of one run
+    executor: TorchExecutor,
+    requests: Iterable[Request],
+    policy: SchedulingPolicy,
+    *,
+    num_pages: int,
+    page_size: int,
+    max_steps: int = 10_000,
+) -> dict[str, tuple[int, ...]]:
+    """Each request's generated tokens when ``executor`` alone drives the loop."""
+    scheduler = Scheduler(SchedulerConfig(num_pages=num_pages, page_size=page_size), policy)
+    for request in requests:
+        scheduler.add_request(request)
+    outputs: dict[str, tuple[int, ...]] = {}
+    for _ in range(max_steps):
+        if not scheduler.num_unfinished:
+            return outputs
+        plan = scheduler.schedule()
+        outcome = scheduler.update(plan, executor.execute(plan))
+        outputs |= {f.request_id: tuple(f.output_token_ids or ()) for f in outcome.finished}
+    msg = f"still {scheduler.num_unfinished} requests after {max_steps} steps"
+    raise AssertionError(msg)
+
+
+def _random_paged_batch(
+    q_lens: Sequence[int], kv_lens: Sequence[int], *, page_size: int, seed: int
+) -> tuple[torch.Tensor, ...]:
+    """Host int32 ``(qo_indptr, kv_indptr, kv_indices, kv_last_page_len)`` over shuffled pages."""
+    rng = np.random.default_rng(seed)
+    pages = [-(-n // page_size) for n in kv_lens]
+    kv_indptr = np.concatenate([[0], np.cumsum(pages)]).astype(np.int32)
+    kv_indices = rng.permutation(int(kv_indptr[-1])).astype(np.int32)
+    last = ((np.asarray(kv_lens) - 1) % page_size + 1).astype(np.int32)
+    qo_indptr = np.concatenate([[0], np.cumsum(q_lens)]).astype(np.int32)
+    return tuple(torch.from_numpy(a) for a in (qo_indptr, kv_indptr, kv_indices, last))
+
+
+def attention_kernel_check(  # noqa: PLR0913 -- keyword-only shapes of the random batch
+    kernels: FlashInferKernels,
+    *,
+    device: torch.device,
+    dtype: torch.dtype,
+    num_heads: int = 32,
+    num_kv_heads: int = 8,
+    head_dim: int = 128,
+    page_size: int = 16,
+    seed: int = 0,
+) -> dict[str, float]:
+    """Max abs difference of FlashInfer's prefill and decode wrappers from the reference.
+
+    The mixed batch is the FlashInfer notes' (q_lens 37/1/1/12 over kv_lens 37/200/513/80);
+    the decode batch has one row over kv_lens 1/16/17/200/513. Random q and cache in ``dtype``.
+    """
+    generator = torch.Generator(device="cpu").manual_seed(seed)
+    workspace = torch.zeros(128 << 20, dtype=torch.uint8, device=device)
+    out = {}
+    for name, q_lens, kv_lens in (
+        ("prefill", [37, 1, 1, 12], [37, 200, 513, 80]),
+        ("decode", [1, 1, 1, 1, 1], [1, 16, 17, 200, 513]),
+    ):
+        qo, kvp, idx, last = _random_paged_batch(q_lens, kv_lens, page_size=page_size, seed=seed)
+        cache = torch.randn(int(kvp[-1]), 2, page_size, num_kv_heads, head_dim, generator=generator)
+        q = torch.randn(int(qo[-1]), num_heads, head_dim, generator=generator)
+        cache, q = cache.to(device, dtype), q.to(device, dtype)
+        dev_idx = idx.to(device)
+        heads = (num_heads, num_kv_heads, head_dim, page_size)
+        if name == "prefill":
+            prefill = kernels.BatchPrefillWithPagedKVCacheWrapper(workspace, "NHD", backend="fa2")
+            prefill.plan(
+                qo,
+                kvp,
+                dev_idx,
+                last,
+                *heads,
+                causal=True,
+                pos_encoding_mode="NONE",
+                q_data_type=dtype,
+                kv_data_type=dtype,
+            )
+            got = prefill.run(q, cache)
+        else:
+            decode = kernels.BatchDecodeWithPagedKVCacheWrapper(workspace, "NHD", use_tensor_cores=True, backend="fa2")
+            decode.plan(kvp, dev_idx, last, *heads, pos_encoding_mode="NONE", q_data_type=dtype, kv_data_type=dtype)
+            got = decode.run(q, cache)
+        want, _ = paged_attention(q, cache, qo, kvp, idx, last)
+        out[f"{name}_max_abs_diff"] = float((got.float() - want.float()).abs().max())
+    return out
+
+
+def decode_plan(batch_size: int, context: int, *, page_size: int, vocab_size: int, step_id: int = 0) -> StepPlan:
+    """A decode-only plan: ``batch_size`` slices whose caches hold ``context`` tokens after the step.
+
+    Slice ``i`` owns pages ``i * n .. (i + 1) * n - 1`` (``n = ceil(context / page_size)``);
+    the earlier tokens were never written, which changes no timing.
+    """
+    pages = -(-context // page_size)
+    start = np.full(batch_size, context - 1, dtype=np.int32)
+    return build_step_plan(
+        step_id=step_id,
+        request_ids=tuple(f"decode-{i}" for i in range(batch_size)),
+        slots=np.arange(batch_size, dtype=np.int32),
+        start=start,
+        num_new=np.ones(batch_size, dtype=np.int32),
+        prompt_len=start.copy(),
+        samples=np.ones(batch_size, dtype=bool),
+        kv_indptr=(np.arange(batch_size + 1) * pages).astype(np.int32),
+        kv_indices=np.arange(batch_size * pages, dtype=np.int32),
+        page_size=page_size,
+        input_ids=(np.arange(batch_size) % vocab_size).astype(np.int32),
+    )
+
+
+def device_time(fn: Callable[[], object], device: torch.device, *, repeats: int, warmup: int) -> float:
+    """Median seconds of ``fn`` on ``device``: CUDA events on a GPU, wall time elsewhere."""
+    for _ in range(warmup):
+        fn()
+    samples = []
+    for _ in range(repeats):
+        if device.type == "cuda":
+            begin = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]  # untyped in torch
+            end = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
+            begin.record()
+            fn()
+            end.record()
+            end.synchronize()
+            samples.append(float(begin.elapsed_time(end)) / 1e3)
+        else:
+            t0 = time.perf_counter()
+            fn()
+            samples.append(time.perf_counter() - t0)
+    return statistics.median(samples)
+
+
+@attrs.frozen
+class DecodeTiming:
+    """One decode step's time and where it goes (seconds, medians).
+
+    Attributes:
+        batch_size: Decode slices.
+        context: KV tokens per slice.
+        step_s: ``execute`` as it reports itself (host metadata and plan, forward, sampling).
+        prepare_s: Host time of metadata, the upload and FlashInfer's ``plan()``.
+        forward_s: Device time of the model's forward over the prepared step.
+        attention_s: Device time of the attention kernel, all layers.
+        rope_append_s: Device time of RoPE and KV append, all layers.
+        graph_step_s: ``execute`` with CUDA graphs, or ``None`` when not measured.
+
+    """
+
+    batch_size: int
+    context: int
+    step_s: float
+    prepare_s: float
+    forward_s: float
+    attention_s: float
+    rope_append_s: float
+    graph_step_s: float | None = None
+
+    @property
+    def attention_fraction(self) -> float:
+        """Share of the whole step spent in the attention kernel."""
+        return self.attention_s / self.step_s
+
+
+def _median_execute(executor: TorchExecutor, plan: StepPlan, repeats: int, warmup: int) -> float:
+    times = []
+    for i in range(warmup + repeats):
+        duration = executor.execute(plan).duration_s
+        assert duration is not None
+        if i >= warmup:
+            times.append(duration)
+    return statistics.median(times)
+
+
+def time_decode(  # noqa: PLR0913 -- keyword-only knobs of one measurement
+    executor: FlashInferExecutor,
+    *,
+    batch_size: int,
+    context: int,
+    repeats: int = 10,
+    warmup: int = 3,
+    graph_executor: FlashInferExecutor | None = None,
+) -> DecodeTiming:
+    """Time one decode step of ``batch_size`` slices at ``context`` tokens (see :class:`DecodeTiming`)."""
+    config, device = executor.model.config, executor.model.device
+    plan = decode_plan(batch_size, context, page_size=executor.page_size, vocab_size=config.vocab_size)
+    step_s = _median_execute(executor, plan, repeats, warmup)
+    with torch.inference_mode():
+
+        def prepare() -> None:
+            executor.prepare(plan)
+            if device.type == "cuda":  # the next prepare rewrites the pinned buffer this one copies from
+                torch.cuda.synchronize(device)
+
+        prepare_s = device_time(prepare, torch.device("cpu"), repeats=repeats, warmup=warmup)
+        batch = executor.prepare(plan)
+        attention = batch.attention
+        assert isinstance(attention, FlashInferAttention)
+        forward_s = device_time(
+            lambda: executor.model.forward(batch, executor.kv_cache), device, repeats=repeats, warmup=warmup
+        )
+        shape = (batch_size, config.num_heads, config.head_dim)
+        q = torch.randn(shape, device=device).to(executor.model.dtype)
+        kv = torch.randn(batch_size, 2, config.num_kv_heads, config.head_dim, device=device).to(executor.model.dtype)
+        k, v = kv[:, 0], kv[:, 1]
+
+        def attend() -> None:
+            for cache in executor.kv_cache:
+                attention.wrapper.run(q, cache)
+
+        def rope_append() -> None:
+            for cache in executor.kv_cache:
+                attention.rope.apply(attention.kernels, q, k, attention.meta.positions)
+                m = attention.meta
+                attention.kernels.append_paged_kv_cache(
+                    k, v, m.batch_indices, m.positions, cache, m.kv_indices, m.kv_indptr, m.kv_last_page_len, "NHD"
+                )
+
+        attention_s = device_time(attend, device, repeats=repeats, warmup=warmup)
+        rope_append_s = device_time(rope_append, device, repeats=repeats, warmup=warmup)
+    graph_s = None if graph_executor is None else _median_execute(graph_executor, plan, repeats, warmup)
+    return DecodeTiming(batch_size, context, step_s, prepare_s, forward_s, attention_s, rope_append_s, graph_s)

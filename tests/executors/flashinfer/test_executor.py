@@ -1,0 +1,283 @@
+"""The executor on the CPU: its plumbing on a FlashInfer stand-in, validation, lazy import, packaging."""
+
+from __future__ import annotations
+
+import doctest
+import importlib
+import importlib.util
+import subprocess
+import sys
+from importlib.metadata import version
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("phasesched_flashinfer", reason="install executors/flashinfer")
+
+import numpy as np  # noqa: E402
+
+import phasesched_flashinfer  # noqa: E402
+from phasesched import EXECUTORS, Executor, InvalidPlanError  # noqa: E402
+from phasesched_flashinfer import (  # noqa: E402
+    FlashInferAttention,
+    FlashInferExecutor,
+    FlashInferUnavailableError,
+    MetadataStaging,
+    create_executor,
+    load_flashinfer,
+    step_metadata,
+)
+from phasesched_flashinfer._check import attention_kernel_check, decode_plan, lockstep_compare, time_decode  # noqa: E402
+from phasesched_torch import LlamaModel, PlanNotExecutableError, TorchExecutor, UnsupportedConfigError  # noqa: E402
+from tests.executors.flashinfer import fake_flashinfer  # noqa: E402
+from tests.executors.flashinfer.helpers import (  # noqa: E402
+    CPU_MODEL,
+    CPU_MODEL_LLAMA31,
+    FAKE,
+    chunked_policy,
+    executor_pair,
+    fake_executor,
+    mixed_requests,
+)
+from tests.executors.torch.helpers import TINY, synthetic_plan  # noqa: E402
+
+FLASHINFER_IMPORTABLE = importlib.util.find_spec("flashinfer") is not None
+
+
+class TestAgainstTheTorchExecutor:
+    @pytest.mark.parametrize(
+        ("config", "dtype", "rope_call"),
+        [
+            (CPU_MODEL, torch.bfloat16, "rope"),
+            (CPU_MODEL, torch.float16, "rope"),
+            (CPU_MODEL_LLAMA31, torch.bfloat16, "rope_llama31"),
+        ],
+    )
+    def test_lockstep_tokens_and_logits(self, config, dtype, rope_call: str) -> None:
+        """Same plans, same weights: logits within bf16/fp16 noise, tokens equal but at near ties."""
+        fake_flashinfer.CALLS.clear()
+        reference, candidate = executor_pair(config, dtype, num_pages=64, page_size=4)
+        report = lockstep_compare(
+            reference,
+            candidate,
+            mixed_requests((3, 9, 21, 40), 512, max_new_tokens=5),
+            chunked_policy(8),
+            num_pages=64,
+            page_size=4,
+            rel_tol=1e-2,
+        )
+        assert report.passed, report
+        assert report.mixed_steps > 0
+        assert report.decode_only_steps > 0
+        assert report.token_mismatches <= 1, report
+        assert fake_flashinfer.CALLS[rope_call] > 0
+        assert candidate.backend.path_counts["decode"] == report.decode_only_steps
+        assert candidate.backend.path_counts["prefill"] == report.steps - report.decode_only_steps
+
+    def test_plans_once_per_step_and_runs_once_per_layer(self) -> None:
+        """A mixed step plans the prefill wrapper once and runs it per layer; a decode step, the decode wrapper."""
+        executor = fake_executor(LlamaModel.random(CPU_MODEL, dtype=torch.bfloat16), num_pages=32, page_size=4)
+        layers = CPU_MODEL.num_layers
+        fake_flashinfer.CALLS.clear()
+        executor.execute(synthetic_plan([0, 6], [5, 1], [[0, 1], [2, 3]], page_size=4))
+        assert dict(fake_flashinfer.CALLS) == {
+            "prefill.plan": 1,
+            "prefill.run": layers,
+            "rope": layers,
+            "append": layers,
+        }
+        fake_flashinfer.CALLS.clear()
+        executor.execute(synthetic_plan([5, 6, 0], [1, 1, 1], [[0, 1], [2, 3], [4]], page_size=4))
+        assert dict(fake_flashinfer.CALLS) == {"decode.plan": 1, "decode.run": layers, "rope": layers, "append": layers}
+
+    def test_kv_cache_matches_the_reference(self) -> None:
+        """After a step both executors hold the same rotated keys and values in the same slots."""
+        reference, candidate = executor_pair(CPU_MODEL, torch.bfloat16, num_pages=16, page_size=4)
+        plan = synthetic_plan([0, 3], [7, 2], [[5, 1], [9, 2]], page_size=4)
+        reference.execute(plan)
+        candidate.execute(plan)
+        for ours, want in zip(candidate.kv_cache, reference.kv_cache, strict=True):
+            torch.testing.assert_close(ours[:16].float(), want[:16].float(), atol=2e-2, rtol=2e-2)
+            assert torch.count_nonzero(ours[16]) == 0  # the scratch page is untouched outside graphs
+
+
+class TestValidation:
+    def test_rejects_float32(self) -> None:
+        """FlashInfer's paged kernels take bf16 or fp16; a float32 model is refused before any import."""
+        with pytest.raises(UnsupportedConfigError, match="bfloat16 or float16"):
+            FlashInferExecutor(LlamaModel.random(CPU_MODEL), num_pages=8, kernels=FAKE)
+
+    def test_rejects_head_dims_without_kernels(self) -> None:
+        """head_dim 16 (the torch tiny preset) has no FlashInfer kernel."""
+        with pytest.raises(UnsupportedConfigError, match="head_dim 16"):
+            FlashInferExecutor(LlamaModel.random(TINY, dtype=torch.bfloat16), num_pages=8, kernels=FAKE)
+
+    def test_real_kernels_need_a_cuda_model(self) -> None:
+        """Without a stand-in, a model on the CPU is refused with FlashInferUnavailableError."""
+        with pytest.raises(FlashInferUnavailableError, match="CUDA"):
+            FlashInferExecutor(LlamaModel.random(CPU_MODEL, dtype=torch.bfloat16), num_pages=8)
+
+    @pytest.mark.parametrize("sizes", [(), (4, 2), (0, 1)])
+    def test_graph_batch_sizes_must_increase(self, sizes: tuple[int, ...]) -> None:
+        """Graph buckets are positive and strictly increasing."""
+        with pytest.raises(ValueError, match="graph"):
+            fake_executor(
+                LlamaModel.random(CPU_MODEL, dtype=torch.bfloat16),
+                num_pages=8,
+                page_size=4,
+                use_cuda_graph=True,
+                graph_batch_sizes=sizes,
+            )
+
+    def test_scratch_page_cannot_be_planned(self) -> None:
+        """The extra page graph padding writes lies outside the pages plans may use."""
+        executor = fake_executor(LlamaModel.random(CPU_MODEL, dtype=torch.bfloat16), num_pages=8, page_size=4)
+        assert executor.scratch_page == 8
+        assert executor.kv_cache[0].shape[0] == 9
+        with pytest.raises(PlanNotExecutableError, match="outside the cache's 8 pages"):
+            executor.execute(synthetic_plan([0], [3], [[8]], page_size=4))
+        assert isinstance(PlanNotExecutableError("x"), InvalidPlanError)
+
+    def test_attention_refuses_queries_the_plan_does_not_describe(self) -> None:
+        """q of another dtype or row count would be misread by the kernels: a ValueError instead."""
+        executor = fake_executor(LlamaModel.random(CPU_MODEL, dtype=torch.bfloat16), num_pages=8, page_size=4)
+        batch = executor.prepare(synthetic_plan([0], [3], [[0]], page_size=4))
+        attention = batch.attention
+        assert isinstance(attention, FlashInferAttention)
+        cache = executor.kv_cache[0]
+        k = torch.zeros(3, 1, 128, dtype=torch.bfloat16)
+        with pytest.raises(ValueError, match="does not fit"):
+            attention(torch.zeros(3, 4, 128), k, k, cache)
+        with pytest.raises(ValueError, match="does not fit"):
+            attention(torch.zeros(2, 4, 128, dtype=torch.bfloat16), k[:2], k[:2], cache)
+
+    @pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has CUDA")
+    def test_create_executor_without_cuda(self) -> None:
+        """The entry point says plainly that it needs CUDA, before building any weights."""
+        with pytest.raises(FlashInferUnavailableError, match="needs a CUDA device"):
+            create_executor(model="tiny", device="cpu")
+        with pytest.raises(FlashInferUnavailableError, match="needs a CUDA device"):
+            create_executor()
+
+    @pytest.mark.skipif(FLASHINFER_IMPORTABLE, reason="flashinfer is installed here")
+    def test_missing_flashinfer_is_a_clear_error(self) -> None:
+        """Without flashinfer, building the kernels says what to install."""
+        with pytest.raises(FlashInferUnavailableError, match=r"flashinfer cannot be imported.*\[gpu\]"):
+            load_flashinfer()
+
+
+class TestStaging:
+    def test_growth_inside_inference_mode(self) -> None:
+        """Buffers grown by a step (under inference_mode) still take steps prepared outside it."""
+        executor = fake_executor(LlamaModel.random(CPU_MODEL, dtype=torch.bfloat16), num_pages=6000, page_size=4)
+        executor.execute(decode_plan(3000, 5, page_size=4, vocab_size=512))
+        batch = executor.prepare(synthetic_plan([0], [3], [[0]], page_size=4))
+        assert batch.input_ids.tolist() == [0, 1, 2]
+
+    def test_grows_and_keeps_values(self) -> None:
+        """A step larger than the staging buffers grows them; host and device views hold the step."""
+        staging = MetadataStaging(torch.device("cpu"))
+        small = step_metadata(synthetic_plan([0], [3], [[0]], page_size=4))
+        big = step_metadata(decode_plan(3000, 40, page_size=4, vocab_size=512))
+        for meta in (small, big, small):
+            host, dev = staging.upload(meta)
+            assert dev.kv_indices.tolist() == meta.kv_indices.tolist()
+            assert host.kv_indptr.tolist() == meta.kv_indptr.tolist()
+            assert dev.input_ids.tolist() == meta.input_ids.tolist()
+
+
+class TestHarness:
+    def test_lockstep_of_an_executor_with_itself_is_exact(self) -> None:
+        """Two torch executors on one model agree bit for bit: the comparison measures zero."""
+        model = LlamaModel.random(TINY, seed=1)
+        report = lockstep_compare(
+            TorchExecutor(model, num_pages=32, page_size=4),
+            TorchExecutor(model, num_pages=32, page_size=4),
+            mixed_requests((5, 13), 512, max_new_tokens=3),
+            chunked_policy(4),
+            num_pages=32,
+            page_size=4,
+            rel_tol=0.0,
+        )
+        assert report.passed
+        assert report.max_abs_logit_diff == 0.0
+        assert report.token_mismatches == 0
+        assert report.sampled_tokens == 6
+
+    def test_lockstep_catches_a_different_model(self) -> None:
+        """Different weights are a failure, not noise."""
+        report = lockstep_compare(
+            TorchExecutor(LlamaModel.random(TINY, seed=1), num_pages=32, page_size=4),
+            TorchExecutor(LlamaModel.random(TINY, seed=2), num_pages=32, page_size=4),
+            mixed_requests((5, 13), 512, max_new_tokens=3),
+            chunked_policy(4),
+            num_pages=32,
+            page_size=4,
+            rel_tol=2e-2,
+        )
+        assert not report.passed
+        assert report.unexplained_mismatches > 0
+
+    def test_attention_kernel_check(self) -> None:
+        """The kernel comparison runs both wrappers on its batches (the stand-in is the reference)."""
+        result = attention_kernel_check(
+            FAKE, device=torch.device("cpu"), dtype=torch.bfloat16, num_heads=8, num_kv_heads=2
+        )
+        assert result == {"prefill_max_abs_diff": 0.0, "decode_max_abs_diff": 0.0}
+
+    def test_time_decode(self) -> None:
+        """The decode timing measures every part and the step includes its attention."""
+        executor = fake_executor(LlamaModel.random(CPU_MODEL, dtype=torch.bfloat16), num_pages=64, page_size=4)
+        timing = time_decode(executor, batch_size=3, context=30, repeats=2, warmup=1)
+        assert (timing.batch_size, timing.context, timing.graph_step_s) == (3, 30, None)
+        for value in (timing.step_s, timing.prepare_s, timing.forward_s, timing.attention_s, timing.rope_append_s):
+            assert 0 < value < 60
+        assert 0 < timing.attention_fraction < 1
+
+    def test_decode_plan_is_valid(self) -> None:
+        """The synthetic decode plan passes the plan's own consistency checks."""
+        plan = decode_plan(5, 33, page_size=16, vocab_size=7)
+        plan.check_layout()
+        assert plan.num_decodes == 5
+        assert plan.kv_len.tolist() == [33] * 5
+        assert np.all(plan.input_ids < 7)
+
+
+class TestPackaging:
+    def test_registered_entry_point(self) -> None:
+        """phasesched.EXECUTORS finds the factory under "flashinfer"."""
+        assert "flashinfer" in EXECUTORS.names()
+        assert EXECUTORS.get("flashinfer") is create_executor
+
+    def test_is_an_executor(self) -> None:
+        """The executor satisfies phasesched's Executor protocol."""
+        executor = fake_executor(LlamaModel.random(CPU_MODEL, dtype=torch.bfloat16), num_pages=4, page_size=4)
+        assert isinstance(executor, Executor)
+
+    def test_version_and_py_typed(self) -> None:
+        """__version__ comes from the installed distribution; the package is typed."""
+        assert phasesched_flashinfer.__version__ == version("phasesched-flashinfer")
+        assert (Path(phasesched_flashinfer.__file__).parent / "py.typed").is_file()
+
+    def test_public_names_resolve(self) -> None:
+        """Every name in __all__ exists and is documented."""
+        for name in phasesched_flashinfer.__all__:
+            obj = getattr(phasesched_flashinfer, name)
+            if not name.startswith("__") and callable(obj):
+                assert (obj.__doc__ or "").strip(), name
+
+    def test_import_never_imports_flashinfer(self) -> None:
+        """phasesched, this package, its harness and the registry never import flashinfer."""
+        code = (
+            "import sys, phasesched, phasesched_flashinfer, phasesched_flashinfer._check; "
+            "names = phasesched.EXECUTORS.names(); assert 'flashinfer' in names, names; "
+            "assert 'flashinfer' not in sys.modules, 'flashinfer was imported'"
+        )
+        subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
+
+    def test_doctests(self) -> None:
+        """The package's docstring examples (if any) run."""
+        for module in ("_attention", "_check", "_executor", "_graphs", "_kernels", "_metadata"):
+            result = doctest.testmod(importlib.import_module(f"phasesched_flashinfer.{module}"))
+            assert result.failed == 0, module
