@@ -44,7 +44,7 @@ from phasesched.sim.traces import load_trace, trace_stats
 __all__ = ["EXPERIMENTS", "build_parser", "main"]
 
 EXPERIMENTS = ("prefill", "decode", "mixed", "phase-split", "grid", "replay")
-"""``bench <experiment>`` choices: :data:`phasesched.experiments.suite.EXPERIMENTS` (a test keeps them equal)."""
+"""``bench <experiment>`` choices — :data:`phasesched.experiments.suite.EXPERIMENTS` (a test keeps them equal)."""
 
 _RESULTS_ROOT = Path("bench-results")
 

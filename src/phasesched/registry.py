@@ -99,7 +99,7 @@ class Registry(Generic[T]):
 
 
 POLICIES: Registry[Callable[..., Any]] = Registry("phasesched.policies")
-"""Policy factories: ``factory(PolicyOptions) -> SchedulingPolicy``."""
+"""Policy factories — ``factory(PolicyOptions) -> SchedulingPolicy``."""
 
 EXECUTORS: Registry[Callable[..., Any]] = Registry("phasesched.executors")
-"""Executor factories: ``factory(**options) -> Executor``."""
+"""Executor factories — ``factory(**options) -> Executor``."""

@@ -181,5 +181,5 @@ class Request:
 
     @property
     def max_total_tokens(self) -> int:
-        """Prompt plus the most tokens it may generate: the KV it can ever need."""
+        """Prompt plus the most tokens it may generate — the KV it can ever need."""
         return self.prompt_len + self.max_new_tokens

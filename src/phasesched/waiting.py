@@ -26,7 +26,7 @@ class WaitingCandidate:
 
     request: Request
     num_tokens: int
-    """Tokens known: its prompt plus any tokens generated before a preemption."""
+    """Tokens known — its prompt plus any tokens generated before a preemption."""
     num_preemptions: int
     num_computed: int = 0
     """Tokens whose KV it brings (transferred from a prefill worker); 0 for a plain request."""

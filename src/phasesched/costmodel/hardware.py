@@ -82,7 +82,7 @@ class Hardware:
 
     @property
     def link_bandwidth_per_direction(self) -> float:
-        """Bytes/s one GPU can send (or receive) over NVLink: half the datasheet figure."""
+        """Bytes/s one GPU can send (or receive) over NVLink — half the datasheet figure."""
         return self.link_bandwidth / 2
 
 

@@ -64,7 +64,7 @@ class ModelSpec:
 
     @property
     def layer_linear_params(self) -> int:
-        """Matmul parameters of one layer: Q, K, V and O projections plus gate, up and down."""
+        """Matmul parameters of one layer — Q, K, V and O projections plus gate, up and down."""
         q_and_o = 2 * self.hidden_size * self.num_heads * self.head_dim
         k_and_v = 2 * self.hidden_size * self.num_kv_heads * self.head_dim
         return q_and_o + k_and_v + 3 * self.hidden_size * self.intermediate_size
@@ -81,7 +81,7 @@ class ModelSpec:
 
     @property
     def num_params(self) -> int:
-        """All parameters: embedding, layers (with their two RMSNorms), final norm, LM head."""
+        """All parameters — embedding, layers (with their two RMSNorms), final norm, LM head."""
         norms = (2 * self.num_layers + 1) * self.hidden_size
         embedding = self.vocab_size * self.hidden_size
         head = 0 if self.tie_embeddings else self.lm_head_params
@@ -94,7 +94,7 @@ class ModelSpec:
 
     @property
     def step_weight_bytes(self) -> int:
-        """Bytes a step streams from HBM: every matmul weight once, LM head included.
+        """Bytes a step streams from HBM — every matmul weight once, LM head included.
 
         The embedding lookup reads one row per token, not the table, so it is left out (a
         tied table is read once, as the LM head).
@@ -113,7 +113,7 @@ class ModelSpec:
 
     @property
     def attention_flops_per_pair(self) -> int:
-        """FLOPs of one (query token, key token) pair over all layers and heads: QK^T and PV."""
+        """FLOPs of one (query token, key token) pair over all layers and heads — QK^T and PV."""
         return 4 * self.num_layers * self.num_heads * self.head_dim
 
     @property

@@ -77,12 +77,12 @@ class StepBreakdown:
 
     @property
     def linear_s(self) -> float:
-        """The linear layers' time: the slower of their compute and memory."""
+        """The linear layers' time — the slower of their compute and memory."""
         return max(self.linear_compute_s, self.linear_memory_s)
 
     @property
     def attention_s(self) -> float:
-        """Attention's time: the slower of its compute and memory."""
+        """Attention's time — the slower of its compute and memory."""
         return max(self.attention_compute_s, self.attention_memory_s)
 
     @property

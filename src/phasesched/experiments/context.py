@@ -37,7 +37,7 @@ __all__ = [
 ]
 
 Row = dict[str, Any]
-"""One measured point: flat ``{column: number | str | None}``."""
+"""One measured point — flat ``{column: number | str | None}``."""
 
 CDF_QUANTILES = np.linspace(0.0, 100.0, 101)
 """Percentiles at which distributions are stored for plots and ``results.json`` (0, 1, ..., 100)."""

@@ -15,7 +15,7 @@ from phasesched.sim.workload import Workload
 __all__ = ["DEFAULT_POLICIES", "ReplayConfig", "ReplayResult", "prepare_trace", "run_replay"]
 
 DEFAULT_POLICIES = ("vllm", "sarathi", "sglang", "no-chunk")
-"""Compared when the context names no policies: the presets with distinct prefill/decode rules."""
+"""Compared when the context names no policies — the presets with distinct prefill/decode rules."""
 
 
 @attrs.frozen(eq=False)

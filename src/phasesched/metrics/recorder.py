@@ -45,11 +45,11 @@ class Role(enum.Enum):
     """What a worker does with the requests it runs."""
 
     BOTH = "both"
-    """Aggregated: prefill and decode on the same worker; its first token is the user's."""
+    """Aggregated — prefill and decode on the same worker; its first token is the user's."""
     PREFILL = "prefill"
-    """Disaggregated prefill: its sampled token is not emitted; the request moves on."""
+    """Disaggregated prefill — its sampled token is not emitted; the request moves on."""
     DECODE = "decode"
-    """Disaggregated decode: requests arrive with their KV; its first sample is the first token."""
+    """Disaggregated decode — requests arrive with their KV; its first sample is the first token."""
 
 
 @attrs.frozen
@@ -65,7 +65,7 @@ class LatencyBudget:
 
     @property
     def total_s(self) -> float:
-        """The sum of the phases: the request's end-to-end latency."""
+        """The sum of the phases — the request's end-to-end latency."""
         return (
             self.queue_s + self.prefill_s + self.interference_s + self.transfer_s + self.first_decode_s + self.decode_s
         )
