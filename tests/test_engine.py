@@ -71,3 +71,24 @@ class TestEngine:
         engine = Engine(scheduler, DeterministicExecutor(), clock=VirtualClock())
         with pytest.raises(PhaseschedError, match="scheduled nothing"):
             engine.run([Request("a", prompt_len=5)])
+
+
+class Recording:
+    """An executor that remembers every plan it was given."""
+
+    def __init__(self) -> None:
+        self.released: list[str] = []
+        self.inner = DeterministicExecutor()
+
+    def execute(self, plan: object) -> object:
+        self.released.extend(plan.released)  # type: ignore[attr-defined]
+        return self.inner.execute(plan)  # type: ignore[arg-type]
+
+
+def test_engine_tells_the_executor_about_every_finished_request() -> None:
+    """Every request's release reaches the executor, the last ones included."""
+    executor = Recording()
+    engine = Engine(Scheduler(SchedulerConfig(num_pages=64)), executor, clock=VirtualClock())  # type: ignore[arg-type]
+    engine.run([Request(f"r{i}", prompt_len=4, max_new_tokens=2 + i) for i in range(3)])
+    assert sorted(executor.released) == ["r0", "r1", "r2"]
+    assert not engine.scheduler.pending_releases

@@ -70,8 +70,8 @@ class TestChunking:
     def test_no_chunking_waits_when_budget_is_short(self) -> None:
         """A whole prompt that does not fit the budget left after decodes waits for a later step."""
         policy = SchedulingPolicy(budget=TokenBudget(4096, 64), chunker=NoChunking())
-        driver = decoding_driver(policy, 4)
-        driver.scheduler.add_request(Request("long", prompt_len=4096, max_new_tokens=4))
+        driver = decoding_driver(policy, 8)
+        driver.scheduler.add_request(Request("long", prompt_len=4090, max_new_tokens=2))  # 4,090 + 8 > 4,096
         assert "long" not in driver.step().request_ids
 
     def test_long_prefill_threshold_caps_partial_prefills(self) -> None:
@@ -269,6 +269,24 @@ class TestPreemption:
         a, b, c = self.requests()
         assert self.run_until_preemption(FewestGenerated(), [b, c], late=a) == ("a",)
         assert self.run_until_preemption(LatestArrival(), [b, c], late=a) == ("c",)
+
+    def test_no_admissions_in_a_step_that_preempted_for_memory(self) -> None:
+        """When running requests had to be preempted for KV, the freed pages do not go to newcomers that step."""
+        shortest_first = ShortestRemainingPrefill(aging_tokens_per_s=0.001)  # the newcomer is first in line
+        policy = SchedulingPolicy(budget=TokenBudget(256, 8), chunker=FixedChunk(256), queue_order=shortest_first)
+        driver = Driver(scheduler_for(policy, num_pages=9, page_size=4))
+        for request in self.requests():
+            driver.scheduler.add_request(request)
+        for step in range(40):
+            newcomer_due = driver.scheduler.kv.num_free_pages == 0 and "tiny" not in driver.finished
+            if newcomer_due and "tiny" not in driver.scheduler.waiting_request_ids():
+                driver.scheduler.add_request(Request("tiny", prompt_len=2, max_new_tokens=1, arrival_time=step))
+            tiny_waits = "tiny" in driver.scheduler.waiting_request_ids()
+            plan = driver.step()
+            if plan.preempted and tiny_waits:
+                assert plan.new_requests == ()
+                return
+        pytest.fail("no preemption happened while a newcomer waited")
 
     def test_priority_request_preempts_when_sequence_cap_binds(self) -> None:
         """A more important waiting request evicts a less important running one when max_num_seqs is reached."""

@@ -15,10 +15,9 @@ from collections.abc import Iterable, Iterator
 from typing import Protocol
 
 import attrs
-import numpy as np
 
 from phasesched.errors import PhaseschedError
-from phasesched.executor import Executor, StepResult
+from phasesched.executor import Executor
 from phasesched.metrics.recorder import MetricsRecorder, Role
 from phasesched.metrics.summary import RunMetrics, summarize
 from phasesched.request import Request
@@ -144,6 +143,7 @@ class Engine:
             else:
                 msg = f"the policy scheduled nothing while {self.scheduler.num_unfinished} requests wait"
                 raise PhaseschedError(msg)
+        self._deliver_releases()
         duration = 0.0 if first is None or last is None else last - first
         requests_kept = self.recorder.records if self.recorder.keep_requests else None
         return summarize(self.recorder.counters(), duration, requests_kept)
@@ -158,10 +158,10 @@ class Engine:
     def _step(self, start: float) -> tuple[bool, bool]:
         """Run one iteration; return whether it ran anything, and whether anything finished."""
         plan = self.scheduler.schedule(start)
+        result = self.executor.execute(plan)  # even an empty plan: it may carry releases
         if plan.is_empty:
-            self.scheduler.update(plan, StepResult(step_id=plan.step_id, token_ids=np.empty(0, np.int32)))
+            self.scheduler.update(plan, result)
             return False, False
-        result = self.executor.execute(plan)
         self.clock.step_done(result.duration_s)
         outcome = self.scheduler.update(plan, result)
         end = self.clock.now()
@@ -171,6 +171,12 @@ class Engine:
                 StepRecord(start, end, result.duration_s, tuple(plan.num_new.tolist()), tuple(plan.kv_len.tolist()))
             )
         return True, bool(outcome.finished)
+
+    def _deliver_releases(self) -> None:
+        """Hand the executor the requests that finished in the last step (an empty plan carries them)."""
+        if self.scheduler.pending_releases:
+            plan = self.scheduler.schedule(self.clock.now())
+            self.scheduler.update(plan, self.executor.execute(plan))
 
 
 class _Peekable(Iterator[Request]):

@@ -279,6 +279,11 @@ class Scheduler(DecodeRuns):
         return self._in_flight
 
     @property
+    def pending_releases(self) -> tuple[str, ...]:
+        """Requests whose end the next plan will report in ``released`` (executors drop their state then)."""
+        return tuple(self._released)
+
+    @property
     def kv_usage(self) -> float:
         """Fraction of KV pages in use."""
         return self.kv.usage
@@ -327,7 +332,7 @@ class Scheduler(DecodeRuns):
         return seq
 
     def _check_servable(self, request: Request) -> None:
-        """Refuse requests that could never run; a precomputed one must also survive recompute."""
+        """Refuse what could never finish: too long for the model, the KV cache, or a restart after preemption."""
         limit = self.config.max_model_len
         if request.prompt_len > limit:
             raise RequestRejectedError(
@@ -341,16 +346,17 @@ class Scheduler(DecodeRuns):
                 f"it may hold {most_cached} tokens of KV, more than "
                 f"the {capacity} usable pages of {self.kv.page_size} tokens",
             )
-        first = PrefillCandidate(request, 0, request.prompt_len, ongoing=False)  # as after a preemption
+        # After a preemption it restarts from zero with its generated tokens too: at most
+        # ``most_cached`` tokens, which the chunk sizer must be able to start in an empty step.
+        restart = PrefillCandidate(request, 0, most_cached, ongoing=False)
         empty = ChunkContext(
             self.policy.budget.max_num_batched_tokens, (), np.empty(0, np.int64), np.empty(0, np.int64)
         )
-        if checked_chunk(self.policy.chunker, first, empty) == 0:
+        if checked_chunk(self.policy.chunker, restart, empty) == 0:
             raise RequestRejectedError(
                 request.request_id,
-                f"the chunk sizer never starts a prompt of "
-                f"{request.prompt_len} tokens under a budget of "
-                f"{self.policy.budget.max_num_batched_tokens}",
+                f"the chunk sizer could never start (or, after a preemption, restart) its up to "
+                f"{most_cached} tokens under a budget of {self.policy.budget.max_num_batched_tokens}",
             )
 
     def _commit(self, checked: CheckedSelection) -> StepPlan:

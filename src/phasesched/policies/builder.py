@@ -90,6 +90,7 @@ class BatchBuilder:
         self.pages_left = view.free_pages
         self._taken = np.zeros(len(view.num_computed), dtype=bool)  # scheduled or preempted
         self._any_taken = False
+        self._memory_bound = False  # running requests were preempted for KV in this step
         self._slots: list[Int32Array] = []
         self._tokens: list[Int64Array] = []
         self._preempted: list[int] = []
@@ -168,6 +169,7 @@ class BatchBuilder:
             if k == len(slots) or fit_tokens <= fit_pages:
                 break
             victim = self._victim(self._preemptible())
+            self._memory_bound = victim is not None
             if victim is None:
                 break
             self.preempt(victim)
@@ -195,8 +197,12 @@ class BatchBuilder:
         Pages are allocated chunk by chunk, but admission requires room for the request's
         *whole* prefill beyond the watermark and what ongoing prefills still need (vLLM V0's
         rule). Admitting on the first chunk alone lets a prompt start that can only finish by
-        preempting others, which under prefill-first can livelock.
+        preempting others, which under prefill-first can livelock. Once running requests had to
+        be preempted for KV in this step, nobody is admitted (vLLM V1's rule): the pages just
+        freed would go to a newcomer the next step might have to preempt in turn.
         """
+        if self._memory_bound:
+            return AddResult.NO_PAGES
         if self.tokens_left <= 0:
             return AddResult.NO_TOKENS
         if self.seq_room <= 0 and not self._preempt_for(candidate):
