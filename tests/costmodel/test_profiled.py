@@ -414,3 +414,19 @@ class TestBatchMonotone:
             num_new = arr(*([1] * d), int(rng.integers(2, 2048)))
             kv_len = np.append(np.full(d, int(rng.integers(128, 4096))), num_new[-1] + int(rng.integers(0, 4096)))
             assert PROFILE.step_time(num_new, kv_len) == pytest.approx(roofline.step_time(num_new, kv_len), rel=0.2)
+
+
+def test_step_overhead_is_added_to_every_non_empty_step() -> None:
+    """A profiled model with host overhead adds it to each step, decode runs included, never to an empty step."""
+    grid = [
+        ProfilePoint(p, 0, d, c, 0.001 + 1e-5 * p + 1e-4 * d + 1e-7 * c)
+        for p in (0, 100)
+        for d in (0, 10)
+        for c in (10, 100)
+    ]
+    plain, padded = ProfiledCostModel(grid), ProfiledCostModel(grid, step_overhead_s=0.0007)
+    num_new, kv_len = np.array([50, 1, 1]), np.array([50, 40, 60])
+    assert padded.step_time(num_new, kv_len) == pytest.approx(plain.step_time(num_new, kv_len) + 0.0007)
+    assert padded.step_time(np.empty(0, np.int64), np.empty(0, np.int64)) == 0.0
+    runs = padded.decode_step_times(np.array([40, 60]), 5)
+    assert runs.tolist() == [padded.step_time(np.ones(2, np.int64), np.array([40, 60]) + j) for j in range(5)]

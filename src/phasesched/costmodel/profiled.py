@@ -279,6 +279,8 @@ class ProfiledCostModel:
     Attributes:
         points: The grid points.
         monotone: Enforce monotonicity as described above.
+        step_overhead_s: Seconds added to every non-empty step for what the profile did not
+            time: the engine's own work between executor calls (scheduling, result handling).
 
     >>> grid = [ProfilePoint(p, 0, d, 100, 0.001 + 1e-5 * p + 1e-4 * d) for p in (0, 100) for d in (0, 10)]
     >>> model = ProfiledCostModel(grid)
@@ -289,6 +291,7 @@ class ProfiledCostModel:
 
     points: tuple[ProfilePoint, ...] = attrs.field(converter=_point_tuple)
     monotone: bool = attrs.field(default=True, kw_only=True)
+    step_overhead_s: float = attrs.field(default=0.0, kw_only=True, validator=attrs.validators.ge(0.0))
     _interpolate: GridInterpolator = attrs.field(init=False, repr=False)
 
     def __attrs_post_init__(self) -> None:
@@ -296,7 +299,9 @@ class ProfiledCostModel:
         object.__setattr__(self, "_interpolate", GridInterpolator.build(axes, values, monotone=self.monotone))
 
     @classmethod
-    def from_csv(cls, path: str | os.PathLike[str], *, monotone: bool = True) -> ProfiledCostModel:
+    def from_csv(
+        cls, path: str | os.PathLike[str], *, monotone: bool = True, step_overhead_s: float = 0.0
+    ) -> ProfiledCostModel:
         """Read a profile CSV (see :func:`read_profile_csv`) and build the model.
 
         Raises:
@@ -304,7 +309,7 @@ class ProfiledCostModel:
 
         """
         points, _ = read_profile_csv(path)
-        return cls(points, monotone=monotone)
+        return cls(points, monotone=monotone, step_overhead_s=step_overhead_s)
 
     def interpolate(self, features: ArrayLike) -> Float64Array:
         """Step times at arbitrary feature vectors.
@@ -333,7 +338,7 @@ class ProfiledCostModel:
         features = step_features(num_new, kv_len)
         if features[0] == 0 and features[2] == 0:  # no slices: no step runs
             return 0.0
-        return float(self._interpolate(features[None, :])[0])
+        return float(self._interpolate(features[None, :])[0]) + self.step_overhead_s
 
     def decode_step_times(self, kv_len: NDArray[np.integer], num_steps: int) -> Float64Array:
         """Durations of ``num_steps`` pure-decode steps (contexts ``kv_len + j``), vectorized.
@@ -354,4 +359,5 @@ class ProfiledCostModel:
         features[:, 2] = batch
         total = int(ctx.sum()) + batch * np.arange(num_steps, dtype=np.int64)
         features[:, 3] = total.astype(np.float64) / batch
-        return self._interpolate(features)
+        times: Float64Array = self._interpolate(features) + self.step_overhead_s
+        return times

@@ -174,12 +174,20 @@ def _visible(kpos: NDArray[np.int64], qpos: NDArray[np.int64], causal: bool, win
 
 
 def _row_groups(meta: _HostMeta, causal: bool, window_left: int, device: torch.device) -> list[_RowGroup]:
-    """Bucket single-query slices, longest context first, so each bucket pads little."""
+    """Bucket single-query slices, longest context first, so each bucket pads little.
+
+    A bucket holds rows within a quarter of its longest context (and within the memory cap), so
+    its padded work stays close to the sum of its contexts, as a paged kernel's does: a short
+    decode beside a long one does not pay for the long one's context.
+    """
     single = np.flatnonzero(meta.q_len == 1)
     order = single[np.argsort(-meta.kv_len[single], kind="stable")]
     groups, i = [], 0
     while i < len(order):
-        chunk = order[i : i + max(1, _MAX_GATHER_TOKENS // int(meta.kv_len[order[i]]))]
+        longest = int(meta.kv_len[order[i]])
+        candidates = order[i : i + max(1, _MAX_GATHER_TOKENS // longest)]
+        similar = meta.kv_len[candidates] * 4 >= longest * 3
+        chunk = candidates[: max(1, len(similar) if similar.all() else int(np.argmin(similar)))]
         i += len(chunk)
         lengths = meta.kv_len[chunk][:, None]
         kpos = np.arange(int(lengths.max()), dtype=np.int64)[None, :]
