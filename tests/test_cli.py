@@ -17,7 +17,8 @@ from phasesched import POLICIES, PolicyOptions, SchedulingPolicy, load_policy
 from phasesched.cli import main
 from phasesched.costmodel import ProfiledCostModel, RooflineCostModel, read_profile_csv
 from phasesched.sim import load_trace, synthetic, trace_stats, write_trace
-from phasesched.sim.workload import Poisson, Uniform
+from phasesched.sim.arrivals import Poisson
+from phasesched.sim.lengths import Uniform
 
 TRACES = Path("/work/shared/traces")
 PNG = b"\x89PNG\r\n\x1a\n"

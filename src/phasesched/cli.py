@@ -39,7 +39,8 @@ from phasesched.experiments.mixed_load import MixedLoadResult, Verdict
 from phasesched.experiments.suite import SuiteOptions, run_experiment, suite_names
 from phasesched.report import TerminalUI, require_plotting, write_figures, write_results_json
 from phasesched.sim.deployment import Deployment
-from phasesched.sim.traces import load_trace, trace_stats
+from phasesched.sim.trace_stats import trace_stats
+from phasesched.sim.traces import load_trace
 
 __all__ = ["EXPERIMENTS", "build_parser", "main"]
 

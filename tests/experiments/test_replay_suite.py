@@ -19,7 +19,8 @@ from phasesched.experiments.suite import (
     suite_names,
 )
 from phasesched.sim import Deployment, Workload, load_trace, synthetic, write_trace
-from phasesched.sim.workload import Poisson, Uniform
+from phasesched.sim.arrivals import Poisson
+from phasesched.sim.lengths import Uniform
 
 
 def small_trace(tmp_path: Path, n: int = 40) -> Workload:

@@ -11,8 +11,8 @@ import numpy as np
 
 from phasesched.experiments.context import Column, ExperimentContext, Row, json_object
 from phasesched.metrics.recorder import GapLog, RequestRecord
+from phasesched.sim.builders import fixed
 from phasesched.sim.simulator import simulate
-from phasesched.sim.workload import fixed
 
 __all__ = ["DecodeCurveConfig", "DecodeCurveResult", "run_decode_curve"]
 

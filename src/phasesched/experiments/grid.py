@@ -9,8 +9,8 @@ from typing import Any
 import attrs
 
 from phasesched.experiments.context import Column, ExperimentContext, Row, json_object
+from phasesched.sim.closed_loop import GridPoint, grid_points
 from phasesched.sim.simulator import simulate
-from phasesched.sim.workload import GridPoint, grid_points
 
 __all__ = ["GridConfig", "GridResult", "run_grid"]
 

@@ -20,9 +20,9 @@ from numpy.typing import NDArray
 
 from phasesched.experiments.context import Column, ExperimentContext, Row, json_object, ms, quantiles_ms
 from phasesched.metrics.summary import RunMetrics
+from phasesched.sim.builders import mixed_load
 from phasesched.sim.deployment import Disaggregation
 from phasesched.sim.simulator import simulate
-from phasesched.sim.workload import mixed_load
 
 __all__ = [
     "BASELINE",

@@ -9,9 +9,12 @@ import attrs
 
 from phasesched.experiments.context import Column, ExperimentContext, Row, json_object
 from phasesched.metrics.summary import RunMetrics
+from phasesched.sim.arrivals import Poisson
+from phasesched.sim.builders import synthetic
 from phasesched.sim.deployment import Disaggregation
+from phasesched.sim.lengths import LogNormal
 from phasesched.sim.simulator import simulate
-from phasesched.sim.workload import LogNormal, Poisson, Workload, synthetic
+from phasesched.sim.workload import Workload
 
 __all__ = ["TTFT_PHASES", "PhaseSplitConfig", "PhaseSplitResult", "run_phase_split"]
 

@@ -9,8 +9,8 @@ from typing import Any
 import attrs
 
 from phasesched.experiments.context import Column, ExperimentContext, Row, json_object, ms
+from phasesched.sim.builders import fixed
 from phasesched.sim.simulator import simulate
-from phasesched.sim.workload import fixed
 
 __all__ = ["PrefillCurveConfig", "PrefillCurveResult", "run_prefill_curve"]
 

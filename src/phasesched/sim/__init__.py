@@ -2,38 +2,38 @@
 
 from __future__ import annotations
 
+from phasesched.sim.arrivals import ArrivalProcess as ArrivalProcess
+from phasesched.sim.arrivals import Burst as Burst
+from phasesched.sim.arrivals import Gamma as Gamma
+from phasesched.sim.arrivals import Periodic as Periodic
+from phasesched.sim.arrivals import Poisson as Poisson
+from phasesched.sim.builders import fixed as fixed
+from phasesched.sim.builders import mixed_load as mixed_load
+from phasesched.sim.builders import synthetic as synthetic
+from phasesched.sim.closed_loop import ClosedLoop as ClosedLoop
+from phasesched.sim.closed_loop import GridPoint as GridPoint
+from phasesched.sim.closed_loop import grid_points as grid_points
 from phasesched.sim.deployment import Deployment as Deployment
 from phasesched.sim.deployment import Disaggregation as Disaggregation
 from phasesched.sim.executor import SimulatedExecutor as SimulatedExecutor
+from phasesched.sim.lengths import Empirical as Empirical
+from phasesched.sim.lengths import Fixed as Fixed
+from phasesched.sim.lengths import LengthDist as LengthDist
+from phasesched.sim.lengths import LogNormal as LogNormal
+from phasesched.sim.lengths import Uniform as Uniform
 from phasesched.sim.link import KVLink as KVLink
 from phasesched.sim.simulator import SimResult as SimResult
 from phasesched.sim.simulator import Simulator as Simulator
 from phasesched.sim.simulator import WorkerStats as WorkerStats
 from phasesched.sim.simulator import simulate as simulate
-from phasesched.sim.traces import LengthStats as LengthStats
-from phasesched.sim.traces import TraceFormat as TraceFormat
-from phasesched.sim.traces import TraceFormatError as TraceFormatError
-from phasesched.sim.traces import TraceStats as TraceStats
+from phasesched.sim.trace_format import TraceFormat as TraceFormat
+from phasesched.sim.trace_format import TraceFormatError as TraceFormatError
+from phasesched.sim.trace_stats import LengthStats as LengthStats
+from phasesched.sim.trace_stats import TraceStats as TraceStats
+from phasesched.sim.trace_stats import trace_stats as trace_stats
 from phasesched.sim.traces import load_trace as load_trace
-from phasesched.sim.traces import trace_stats as trace_stats
 from phasesched.sim.traces import write_trace as write_trace
-from phasesched.sim.workload import ArrivalProcess as ArrivalProcess
-from phasesched.sim.workload import Burst as Burst
-from phasesched.sim.workload import ClosedLoop as ClosedLoop
-from phasesched.sim.workload import Empirical as Empirical
-from phasesched.sim.workload import Fixed as Fixed
-from phasesched.sim.workload import Gamma as Gamma
-from phasesched.sim.workload import GridPoint as GridPoint
-from phasesched.sim.workload import LengthDist as LengthDist
-from phasesched.sim.workload import LogNormal as LogNormal
-from phasesched.sim.workload import Periodic as Periodic
-from phasesched.sim.workload import Poisson as Poisson
-from phasesched.sim.workload import Uniform as Uniform
 from phasesched.sim.workload import Workload as Workload
-from phasesched.sim.workload import fixed as fixed
-from phasesched.sim.workload import grid_points as grid_points
-from phasesched.sim.workload import mixed_load as mixed_load
-from phasesched.sim.workload import synthetic as synthetic
 
 __all__ = [
     "ArrivalProcess",

@@ -39,10 +39,11 @@ from phasesched.plan import StepPlan
 from phasesched.policies.policy import SchedulingPolicy
 from phasesched.request import Request
 from phasesched.scheduler import Scheduler
+from phasesched.sim.closed_loop import ClosedLoop
 from phasesched.sim.deployment import Deployment, Disaggregation
 from phasesched.sim.executor import SimulatedExecutor
 from phasesched.sim.link import KVLink
-from phasesched.sim.workload import ClosedLoop, Workload
+from phasesched.sim.workload import Workload
 
 __all__ = ["SimResult", "Simulator", "WorkerStats", "simulate"]
 
@@ -393,7 +394,7 @@ def simulate(
     """Run one simulation; ``options`` are :class:`Simulator`'s keyword arguments.
 
     >>> from phasesched import load_policy
-    >>> from phasesched.sim.workload import fixed
+    >>> from phasesched.sim.builders import fixed
     >>> result = simulate(fixed(8, prompt_len=512, output_len=32), load_policy("vllm"))
     >>> result.metrics["completed"], result.metrics["total_output_tokens"]
     (8, 256)
