@@ -17,6 +17,7 @@ from numpy.typing import NDArray
 
 from phasesched.errors import InvalidPlanError
 from phasesched.request import FinishReason
+from phasesched.selection import CheckedSelection, Selection
 
 if TYPE_CHECKING:
     from phasesched.kv import PagedKVManager
@@ -117,13 +118,36 @@ class DecodeRuns:
         return self._finish(done, [FinishReason.LENGTH] * len(done)) if len(done) else ()
 
     def _steady(self) -> bool:
-        """Whether the batch's composition is fixed until something finishes or arrives."""
+        """Whether the batch is fixed until something finishes or arrives, with tokens nobody reads."""
+        return self._steady_composition() and not self._arrays.num_with_tokens  # ids, EOS or stop tokens matter
+
+    def _steady_composition(self) -> bool:
+        """Whether the policy is certain to schedule every running request, as it would with nothing waiting."""
         if self._in_flight is not None or len(self._waiting) or not len(self._running):
             return False
         if not getattr(self.policy.priority, "schedules_every_decode", False):
             return False
-        # Too many to schedule together, or some request's tokens matter (ids, EOS, stop tokens).
-        return len(self._running) <= self.policy.budget.max_num_batched_tokens and not self._arrays.num_with_tokens
+        return len(self._running) <= self.policy.budget.max_num_batched_tokens
+
+    def _steady_step(self) -> CheckedSelection | None:
+        """The next step, when it is certain to be every running request decoding one token.
+
+        Then the policy's answer is known without asking it, and since the selection is built
+        here from the scheduler's own state there is nothing to check: the steady decode step
+        costs only the plan's arrays. ``None`` when that is not certain (a prefill under way,
+        someone waiting, KV too short for the step).
+        """
+        if not self._steady_composition():
+            return None
+        arrays, running, size = self._arrays, self._running, self.kv.page_size
+        start, known = arrays.computed[running], arrays.known[running]
+        if np.count_nonzero(known - start - 1):
+            return None
+        new_pages = ((start + size) // size - self.kv.page_counts[running]).astype(np.int64)
+        if int(new_pages.sum()) > self.kv.num_free_pages:
+            return None  # the policy would preempt: let it
+        selection = Selection(running, np.ones(len(running), dtype=np.int32))
+        return CheckedSelection(selection, start, known, new_pages)
 
     def _steps_that_fit(self, computed: Int32Array, steps: int) -> int:
         """The most steps (up to ``steps``) whose page growth the free pages cover."""

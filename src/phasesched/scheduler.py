@@ -132,6 +132,9 @@ class Scheduler(DecodeRuns):
         self._next_step = 0
         self._released: list[str] = []
         self._version = 0  # bumped by every change, so a DecodeRun can tell it is still current
+        self.steady_fast_path = True
+        """Build steady all-decode steps without asking the policy (only for policies that declare
+        ``schedules_every_decode``); off, every step goes through the policy and its checks."""
 
     # ------------------------------------------------------------------ requests
     def add_request(self, request: Request, *, precomputed_tokens: int = 0) -> None:
@@ -204,6 +207,14 @@ class Scheduler(DecodeRuns):
         if self._in_flight is not None:
             msg = f"plan {self._in_flight.step_id} is still in flight; call update() first"
             raise PlanInFlightError(msg)
+        checked = self._steady_step() if self.steady_fast_path else None
+        plan = self._commit(checked if checked is not None else self._ask_policy(now))
+        self._in_flight = plan
+        self._version += 1
+        return plan
+
+    def _ask_policy(self, now: float) -> CheckedSelection:
+        """The policy's selection for this step, checked before anything changes."""
         view = SchedulerView(
             now=now,
             budget=self.policy.budget,
@@ -218,7 +229,7 @@ class Scheduler(DecodeRuns):
         if not isinstance(selection, Selection):
             msg = f"{type(self.policy.priority).__name__}.select returned {type(selection).__name__}, not a Selection"
             raise InvalidPlanError(msg)
-        checked = check_selection(
+        return check_selection(
             selection,
             arrays=self._arrays,
             running=self._running,
@@ -226,10 +237,6 @@ class Scheduler(DecodeRuns):
             kv=self.kv,
             budget=self.policy.budget,
         )
-        plan = self._commit(checked)
-        self._in_flight = plan
-        self._version += 1
-        return plan
 
     def update(self, plan: StepPlan, result: StepResult) -> StepOutcome:
         """Apply an executor's result to the plan in flight.

@@ -9,6 +9,7 @@ exist once the proposed preemptions free theirs. Only then does the scheduler ch
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import attrs
 import numpy as np
@@ -16,7 +17,9 @@ from numpy.typing import NDArray
 
 from phasesched.errors import InvalidPlanError
 from phasesched.kv import PagedKVManager
-from phasesched.policies.budget import TokenBudget
+
+if TYPE_CHECKING:
+    from phasesched.policies.budget import TokenBudget  # the policies package imports this module
 from phasesched.running import RunningArrays
 from phasesched.waiting import WaitingQueue
 
