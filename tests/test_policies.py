@@ -364,3 +364,35 @@ class TestPresets:
         """Each registered preset says what it reproduces."""
         for name in POLICIES.names():
             assert (POLICIES.get(name).__doc__ or "").strip(), name
+
+
+class TestQueuePlaces:
+    def test_preempted_request_keeps_its_place_among_equal_keys(self) -> None:
+        """Requests that arrived together keep their order: a preempted one does not go behind its peers."""
+        policy = SchedulingPolicy(budget=TokenBudget(64, 2), chunker=FixedChunk(64))
+        driver = Driver(scheduler_for(policy, num_pages=7, page_size=4))
+        for name in "ABCD":
+            driver.scheduler.add_request(Request(name, prompt_len=4, max_new_tokens=20))
+        for _ in range(30):
+            plan = driver.step()
+            if plan.preempted:
+                break
+        assert plan.preempted == ("B",)
+        assert list(driver.scheduler.waiting_request_ids()) == ["B", "C", "D"]
+
+    def test_waiting_requests_do_not_preempt_for_a_chunk_they_would_decline(self) -> None:
+        """A priority request the chunk sizer turns down (partial-prefill cap) evicts nobody."""
+        chunker = LongPrefillThreshold(long_prefill_token_threshold=16, max_num_partial_prefills=1)
+        preemption = PreemptionPolicy(victims=LowestPriority(), preempt_for_waiting=True)
+        policy = SchedulingPolicy(
+            budget=TokenBudget(64, 2), chunker=chunker, queue_order=PriorityOrder(), preemption=preemption
+        )
+        driver = Driver(scheduler_for(policy))
+        driver.scheduler.add_request(Request("vip", prompt_len=200, max_new_tokens=5, priority=0))
+        driver.scheduler.add_request(Request("low", prompt_len=4, max_new_tokens=60, priority=5))
+        driver.step()
+        driver.scheduler.add_request(Request("mid", prompt_len=200, max_new_tokens=5, priority=3, arrival_time=1.0))
+        for _ in range(5):  # vip is part-way through its prefill: mid would be a second partial one
+            plan = driver.step()
+            assert not plan.preempted
+            assert "mid" not in plan.request_ids

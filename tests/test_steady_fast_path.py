@@ -25,7 +25,7 @@ def plans(fast: bool, policy_name: str, lengths: list[tuple[int, int, int]], pag
         SchedulerConfig(num_pages=pages, page_size=4, max_model_len=512),
         load_policy(policy_name, PolicyOptions(max_model_len=512, chunk_size=16)),
     )
-    scheduler.steady_fast_path = fast
+    scheduler._steady_fast_path = fast
     executor = DeterministicExecutor(vocab_size=50)
     pending = sorted(enumerate(lengths), key=lambda item: item[1][2])
     seen = []

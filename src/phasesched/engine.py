@@ -152,8 +152,8 @@ class Engine:
         now = self.clock.now()
         while (upcoming := pending.peek()) is not None and upcoming.arrival_time <= now:
             request = next(pending)
+            self.scheduler.add_request(request)  # first: a rejected request leaves no timeline behind
             self.recorder.arrive(request, request.arrival_time)
-            self.scheduler.add_request(request)
 
     def _step(self, start: float) -> tuple[bool, bool]:
         """Run one iteration; return whether it ran anything, and whether anything finished."""

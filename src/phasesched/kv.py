@@ -89,6 +89,12 @@ class PagedKVManager:
         """Pages needed to hold ``num_tokens`` tokens."""
         return -(-num_tokens // self.page_size)
 
+    def pages_to_grow(self, slots: Int32Array, num_tokens: NDArray[np.integer]) -> NDArray[np.int64]:
+        """int64 ``[len(slots)]``: pages each table must add to hold ``num_tokens[i]`` tokens (0 if it has them)."""
+        size = self.page_size
+        need: NDArray[np.int64] = (num_tokens.astype(np.int64) + (size - 1)) // size - self._count[slots]
+        return np.maximum(need, 0)
+
     def can_allocate(self, num_pages: int, *, admission: bool = False) -> bool:
         """Whether ``num_pages`` more pages can be handed out now.
 
@@ -178,8 +184,7 @@ class PagedKVManager:
         ``slots`` must be distinct open tables (the scheduler guarantees it; it is not rechecked
         here because this is the per-step hot path).
         """
-        need = np.maximum(-(-num_tokens.astype(np.int64) // self.page_size) - self._count[slots], 0)
-        self.extend_many(slots, need)
+        self.extend_many(slots, self.pages_to_grow(slots, num_tokens))
 
     def extend_many(self, slots: Int32Array, num_pages: NDArray[np.int64]) -> None:
         """Append ``num_pages[i]`` pages to table ``slots[i]``, for distinct open slots; all or nothing.
@@ -235,7 +240,6 @@ class PagedKVManager:
         self._check_open(slot)
         shared = min(num_tokens // self.page_size, int(self._count[slot]))
         child = self.open()
-        self._ensure_width(shared)
         pages = self._table[slot, :shared]
         self._table[child, :shared] = pages
         self._count[child] = shared

@@ -68,6 +68,8 @@ class StepPlan:
         kv_indptr: int32 ``[B + 1]``: page offsets into ``kv_indices``.
         kv_indices: int32 ``[kv_indptr[-1]]``: page ids.
         kv_last_page_len: int32 ``[B]``: tokens in each slice's last page, in ``[1, page_size]``.
+        kv_len: int32 ``[B]``: tokens in each slice's cache after this step, ``start + num_new``
+            (FlashInfer's ``seq_lens``).
         positions: int32 ``[T]``: absolute position of every query token.
         input_ids: int32 ``[T]`` token ids to feed, or ``None`` when a request is length-only.
         page_size: Tokens per KV page.
@@ -89,6 +91,7 @@ class StepPlan:
     kv_indptr: Int32Array
     kv_indices: Int32Array
     kv_last_page_len: Int32Array
+    kv_len: Int32Array
     positions: Int32Array
     input_ids: Int32Array | None
     page_size: int
@@ -105,11 +108,6 @@ class StepPlan:
     def num_tokens(self) -> int:
         """Query tokens in the step (``T``)."""
         return int(self.qo_indptr[-1])
-
-    @property
-    def kv_len(self) -> Int32Array:
-        """int32 ``[B]``: tokens in each slice's cache after this step."""
-        return self.start + self.num_new
 
     @property
     def is_decode(self) -> BoolArray:
@@ -159,6 +157,7 @@ class StepPlan:
             _expect(array.shape == (b,), f"{name} has shape {array.shape}, expected ({b},)")
         _expect(len(set(self.request_ids)) == b, "a request appears twice in one plan")
         _expect(bool(np.all(self.num_new > 0)), "every slice must compute at least one token")
+        _expect(np.array_equal(self.kv_len, self.start + self.num_new), "kv_len disagrees with start and num_new")
         _expect(np.array_equal(self.qo_indptr, _indptr(self.num_new)), "qo_indptr disagrees with num_new")
         pages = -(-self.kv_len // self.page_size)
         _expect(np.array_equal(self.kv_indptr, _indptr(pages)), "kv_indptr disagrees with kv lengths")
@@ -239,6 +238,7 @@ def build_step_plan(  # noqa: PLR0913 -- one keyword per metadata array, all req
         "kv_indptr": kv_indptr,
         "kv_indices": kv_indices,
         "kv_last_page_len": ((kv_len - 1) % page_size + 1).astype(np.int32),
+        "kv_len": kv_len.astype(np.int32, copy=False),
         "positions": token_positions(start, num_new),
     }
     frozen = {name: _frozen_array(array) for name, array in arrays.items()}

@@ -169,20 +169,23 @@ class RunningArrays:
         self.priority[slot] = request.priority
         self.has_ids[slot] = prompt is not None
         self.has_stop_set[slot] = bool(request.stop_token_ids)
-        self.num_with_tokens += _tokens_matter(slot, self)
+        self.num_with_tokens += int(self.tokens_matter(np.array([slot]))[0])
         self.running[slot] = True
         self.abort_pending[slot] = False
         self.seqs[slot] = seq
         self.ids[slot] = request.request_id
         self.stop_sets[slot] = request.stop_token_ids
 
+    def tokens_matter(self, slots: NDArray[np.integer[Any]]) -> NDArray[np.bool_]:
+        """Which slots' sampled tokens matter (token ids, EOS or stop tokens): a simulator cannot make them up."""
+        matter: NDArray[np.bool_] = self.has_ids[slots] | self.has_stop_set[slots] | (self.eos[slots] >= 0)
+        return matter
+
     def unload(self, slots: Int32Array) -> None:
         """Mark ``slots`` as no longer running, copying their progress back to their requests."""
         self.running[slots] = False
-        self.num_with_tokens -= int(
-            np.count_nonzero(self.has_ids[slots] | self.has_stop_set[slots] | (self.eos[slots] >= 0))
-        )
-        generated = self.generated[slots].tolist()
+        self.num_with_tokens -= int(np.count_nonzero(self.tokens_matter(slots)))
+        generated = (self.known[slots] - self.prompt_len[slots]).tolist()
         for slot, seq, count in zip(slots.tolist(), self.seqs[slots].tolist(), generated, strict=True):
             if seq.outputs is not None:
                 prompt_len = seq.request.prompt_len
@@ -190,10 +193,6 @@ class RunningArrays:
             seq.num_generated = count
             seq.slot = -1
         self.seqs[slots] = None
-
-
-def _tokens_matter(slot: int, arrays: RunningArrays) -> bool:
-    return bool(arrays.has_ids[slot] or arrays.has_stop_set[slot] or arrays.eos[slot] >= 0)
 
 
 def read_only(array: NDArray[Any]) -> NDArray[Any]:

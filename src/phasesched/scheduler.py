@@ -16,7 +16,7 @@ import attrs
 import numpy as np
 from numpy.typing import NDArray
 
-from phasesched.decode_run import DecodeRuns
+from phasesched.decode_run import DecodeRun, steps_that_fit
 from phasesched.errors import (
     DuplicateRequestError,
     InvalidPlanError,
@@ -110,7 +110,7 @@ class StepOutcome:
     duration_s: float | None
 
 
-class Scheduler(DecodeRuns):
+class Scheduler:
     """Decides, step by step, what runs. See the module docstring for the loop.
 
     Args:
@@ -132,9 +132,9 @@ class Scheduler(DecodeRuns):
         self._next_step = 0
         self._released: list[str] = []
         self._version = 0  # bumped by every change, so a DecodeRun can tell it is still current
-        self.steady_fast_path = True
-        """Build steady all-decode steps without asking the policy (only for policies that declare
-        ``schedules_every_decode``); off, every step goes through the policy and its checks."""
+        # Steady all-decode steps are built without asking the policy (when it declares
+        # schedules_every_decode); tests turn this off to hold the two paths to each other.
+        self._steady_fast_path = True
 
     # ------------------------------------------------------------------ requests
     def add_request(self, request: Request, *, precomputed_tokens: int = 0) -> None:
@@ -207,7 +207,7 @@ class Scheduler(DecodeRuns):
         if self._in_flight is not None:
             msg = f"plan {self._in_flight.step_id} is still in flight; call update() first"
             raise PlanInFlightError(msg)
-        checked = self._steady_step() if self.steady_fast_path else None
+        checked = self._steady_step() if self._steady_fast_path else None
         plan = self._commit(checked if checked is not None else self._ask_policy(now))
         self._in_flight = plan
         self._version += 1
@@ -263,6 +263,81 @@ class Scheduler(DecodeRuns):
             finished=finished,
             duration_s=result.duration_s,
         )
+
+    # ------------------------------------------------------------------ steady decoding
+    def decode_run(self, max_steps: int) -> DecodeRun | None:
+        """The next steps, if they are certain to be identical pure-decode steps (the simulation fast path).
+
+        A simulator uses this to advance many steps in one vectorized computation. It applies
+        when the next step is steady (see :meth:`_steady_step`) and no running request's tokens
+        matter (no token ids, EOS or stop tokens: a simulator makes them up); then each step
+        until the first finish schedules exactly the same requests, one token each.
+
+        Returns:
+            The run, capped at ``max_steps``, or ``None`` when it does not apply.
+        """
+        if max_steps < 1 or self._arrays.num_with_tokens:
+            return None
+        step = self._steady_step()
+        if step is None:
+            return None
+        arrays, running = self._arrays, self._running
+        steps = min(max_steps, int((arrays.max_known[running] - step.known).min()))  # up to the first finish
+        held = int(self.kv.page_counts[running].sum())
+        steps = steps_that_fit(step.start, held, self.kv.num_free_pages, self.kv.page_size, steps)
+        ids = tuple(arrays.ids[running].tolist())
+        return DecodeRun(ids, running.copy(), step.start + 1, steps, self._version)
+
+    def advance(self, run: DecodeRun, num_steps: int) -> tuple[FinishedRequest, ...]:
+        """Take ``num_steps`` of ``run``'s steps at once: every request computes and samples ``num_steps`` tokens.
+
+        Returns:
+            The requests that finished in the last of the steps (for length).
+
+        Raises:
+            InvalidPlanError: The run is stale (the scheduler changed since it was made) or
+                ``num_steps`` is outside ``[1, run.max_steps]``; nothing changed.
+        """
+        if run._version != self._version:  # noqa: SLF001 -- the run's own token
+            msg = "this DecodeRun is stale: the scheduler changed after decode_run()"
+            raise InvalidPlanError(msg)
+        if not 1 <= num_steps <= run.max_steps:
+            msg = f"num_steps must be in [1, {run.max_steps}], got {num_steps}"
+            raise InvalidPlanError(msg)
+        arrays, slots = self._arrays, run.slots
+        computed = arrays.computed[slots] + num_steps
+        self.kv.grow_many(slots, computed)  # first: it is the only step that could fail
+        arrays.computed[slots] = computed
+        known = arrays.known[slots] + num_steps
+        arrays.known[slots] = known
+        self._next_step += num_steps
+        self._version += 1
+        done = slots[known >= arrays.max_known[slots]]
+        return self._finish(done, [FinishReason.LENGTH] * len(done)) if len(done) else ()
+
+    def _steady_step(self) -> CheckedSelection | None:
+        """The next step, when it is certain to be every running request decoding one token.
+
+        That holds when no plan is in flight, nothing waits, every running request has one token
+        left, the budget holds them all, KV covers the step, and the phase priority declares
+        ``schedules_every_decode``. Then the policy's answer is known without asking it, and as
+        the selection is built here from the scheduler's own state there is nothing to check.
+        """
+        running = self._running
+        if self._in_flight is not None or len(self._waiting) or not len(running):
+            return None
+        if not getattr(self.policy.priority, "schedules_every_decode", False):
+            return None
+        if len(running) > self.policy.budget.max_num_batched_tokens:
+            return None
+        start, known = self._arrays.computed[running], self._arrays.known[running]
+        if np.count_nonzero(known - start - 1):  # a prefill is under way
+            return None
+        new_pages = self.kv.pages_to_grow(running, start + 1)
+        if int(new_pages.sum()) > self.kv.num_free_pages:
+            return None  # the policy would preempt: let it
+        selection = Selection(running, np.ones(len(running), dtype=np.int32))
+        return CheckedSelection(selection, start, known, new_pages)
 
     # ------------------------------------------------------------------ introspection
     @property

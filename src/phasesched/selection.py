@@ -131,8 +131,7 @@ def check_selection(  # noqa: PLR0913 -- the state a proposal is checked against
         total <= budget.max_num_batched_tokens,
         f"{total} tokens exceed max_num_batched_tokens={budget.max_num_batched_tokens}",
     )
-    size = kv.page_size
-    new_pages = ((start + (tokens + (size - 1))) // size - kv.page_counts[slots]).astype(np.int64)
+    new_pages = kv.pages_to_grow(slots, start + tokens)
     _check_pages(int(new_pages.sum()) + admitted_pages, selection, kv)
     return CheckedSelection(selection, start, known, new_pages)
 

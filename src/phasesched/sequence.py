@@ -24,6 +24,8 @@ class SequenceState:
     num_generated: int = 0
     num_preemptions: int = 0
     slot: int = -1
+    arrival_order: int = -1
+    """Its place among requests with equal queue keys, fixed when it is first queued."""
     precomputed: int = 0
     """Leading prompt tokens whose KV arrives with the request (a disaggregated prefill's
     transfer); lost, and recomputed locally, if the request is preempted."""

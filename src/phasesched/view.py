@@ -99,13 +99,8 @@ class SchedulerView:
 
     def pages_to_grow(self, slots: Int32Array, num_new: NDArray[np.integer[Any]]) -> NDArray[np.int64]:
         """Pages each slot needs to compute ``num_new`` more tokens."""
-        # Running requests hold exactly ceil(computed / page_size) pages between steps, so this
-        # is never negative.
-        size = self.page_size
-        grow: NDArray[np.int64] = (self.num_computed[slots] + (num_new + (size - 1))) // size
-        grow -= self.page_count[slots]
-        return grow
+        return self._kv.pages_to_grow(slots, self.num_computed[slots] + num_new)
 
     def pages_for(self, num_tokens: int) -> int:
         """Pages that ``num_tokens`` tokens occupy."""
-        return -(-num_tokens // self.page_size)
+        return self._kv.pages_for(num_tokens)

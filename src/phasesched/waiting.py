@@ -48,7 +48,8 @@ class WaitingQueue:
     def __init__(self) -> None:
         self._heap: list[list[Any]] = []
         self._entries: dict[str, list[Any]] = {}
-        self._counter = itertools.count()
+        self._arrivals = itertools.count()
+        self._pushes = itertools.count()
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -57,8 +58,12 @@ class WaitingQueue:
         return request_id in self._entries
 
     def push(self, seq: SequenceState) -> None:
-        """Queue ``seq`` under its fixed key (ties broken by insertion order)."""
-        entry = [seq.queue_key, next(self._counter), seq]
+        """Queue ``seq`` under its fixed key; ties go by the order requests were first queued."""
+        if seq.arrival_order < 0:  # first time queued; a preempted request keeps its place among equals
+            seq.arrival_order = next(self._arrivals)
+        # The push count settles ties with a lazily deleted entry of the same request, so the
+        # heap never compares the entries' payloads.
+        entry = [seq.queue_key, (seq.arrival_order, next(self._pushes)), seq]
         self._entries[seq.request.request_id] = entry
         heapq.heappush(self._heap, entry)
 

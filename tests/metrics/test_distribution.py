@@ -95,3 +95,13 @@ def test_order_and_batching_do_not_matter(values: list[float], split: int) -> No
         many.add_many(values[i : i + split][::-1])
     assert one.percentiles([0, 50, 99, 100]).tolist() == many.percentiles([0, 50, 99, 100]).tolist()
     assert one.count == many.count
+
+
+def test_merge_into_an_empty_distribution_keeps_the_spread() -> None:
+    """Merging a histogram into an empty distribution gives the source's standard deviation."""
+    source, empty = Distribution(exact_limit=10), Distribution(exact_limit=10)
+    values = np.random.default_rng(5).uniform(0.0, 1.0, 500)
+    source.add_many(values)
+    empty.merge(source)
+    assert empty.std == pytest.approx(values.std(), rel=1e-9)
+    assert empty.count == 500

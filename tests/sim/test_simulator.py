@@ -21,6 +21,7 @@ from phasesched.sim import (
     SimResult,
     Simulator,
     Uniform,
+    Workload,
     fixed,
     mixed_load,
     simulate,
@@ -190,13 +191,15 @@ class TestSimulator:
 @st.composite
 def scenarios(draw: st.DrawFn) -> dict[str, object]:
     n = draw(st.integers(1, 25))
-    workload = synthetic(
-        n,
-        Gamma(rate=draw(st.sampled_from([2.0, 20.0, 200.0])), cv=2.0),
-        Uniform(1, draw(st.sampled_from([64, 2000, 9000]))),
-        Uniform(1, draw(st.sampled_from([3, 80]))),
-        seed=draw(st.integers(0, 1000)),
-    )
+    prompts, outputs = Uniform(1, draw(st.sampled_from([64, 2000, 9000]))), Uniform(1, draw(st.sampled_from([3, 80])))
+    seed = draw(st.integers(0, 1000))
+    workload: Workload | ClosedLoop
+    if draw(st.booleans()):
+        think = draw(st.sampled_from([0.0, 0.01]))
+        workload = ClosedLoop(draw(st.integers(1, 5)), n, prompt=prompts, output=outputs, seed=seed, think_time_s=think)
+    else:
+        arrivals = Gamma(rate=draw(st.sampled_from([2.0, 20.0, 200.0])), cv=2.0)
+        workload = synthetic(n, arrivals, prompts, outputs, seed=seed)
     policy = load_policy(
         draw(st.sampled_from(["vllm", "sarathi", "sglang", "orca", "trtllm-equal-progress"])),
         PolicyOptions(max_model_len=32768),
@@ -209,7 +212,7 @@ def scenarios(draw: st.DrawFn) -> dict[str, object]:
     if draw(st.booleans()):
         options["disaggregation"] = Disaggregation(draw(st.integers(1, 2)), draw(st.integers(1, 2)))
     elif draw(st.booleans()):
-        options["replicas"] = 2
+        options["replicas"] = draw(st.integers(2, 3))
     return options
 
 
@@ -233,3 +236,5 @@ def test_fast_forward_gives_the_metrics_of_stepping(options: dict[str, object]) 
     for record in fast.requests:
         twin = by_id[record.request_id]
         assert (record.ttft_s, record.e2el_s, record.output_len) == (twin.ttft_s, twin.e2el_s, twin.output_len)
+        for phase, seconds in record.budget.as_dict().items():
+            assert seconds == pytest.approx(twin.budget.as_dict()[phase], rel=1e-9, abs=1e-12), phase

@@ -123,8 +123,11 @@ class Distribution:
             return
         self._to_histogram()
         assert self._buckets is not None
-        delta = other.mean - self.mean
-        self._m2 += other._m2 + delta * delta * self._count * other.count / (self._count + other.count)
+        if self._count:
+            delta = other.mean - self.mean
+            self._m2 += other._m2 + delta * delta * self._count * other.count / (self._count + other.count)
+        else:
+            self._m2 = other._m2
         self._count += other.count
         self._total += other.total
         self._min, self._max = min(self._min, other.min), max(self._max, other.max)

@@ -300,17 +300,19 @@ class WorkerRecorder:
             self._early_slice(int(slots[i]), sampled=bool(sampled[i]), start=start, end=end)
         return self._leave((f.request_id for f in outcome.finished), end)
 
-    def on_decode_run(self, run: DecodeRun, ends: NDArray[np.float64], finished: Iterable[str] = ()) -> list[str]:
-        """Record ``len(ends)`` steps of ``run`` taken at once; step ``j`` ended at ``ends[j]``.
+    def on_decode_run(
+        self, run: DecodeRun, start: float, ends: NDArray[np.float64], finished: Iterable[str] = ()
+    ) -> list[str]:
+        """Record ``len(ends)`` steps of ``run`` taken at once from ``start``; step ``j`` ended at ``ends[j]``.
 
         ``finished`` are the requests the last step finished; they leave, as from :meth:`on_step`.
         """
         slots, last = run.slots, float(ends[-1])
         has_first = self._has_first[slots]
-        if np.count_nonzero(has_first) < len(slots):  # disaggregated: first tokens come out of step 0
+        if np.count_nonzero(has_first) < len(slots):  # step 0 is a prompt's last token, or a decode worker's first
             early = slots[~has_first]
             for slot in early.tolist():
-                self._early_slice(slot, sampled=True, start=float(ends[0]), end=float(ends[0]))
+                self._early_slice(slot, sampled=True, start=start, end=float(ends[0]))
             self._decode_s[early] += last - float(ends[0])
             self._tokens[early] += len(ends) - 1
             self._last_token[early] = last

@@ -169,9 +169,9 @@ class BatchBuilder:
             if k == len(slots) or fit_tokens <= fit_pages:
                 break
             victim = self._victim(self._preemptible())
-            self._memory_bound = victim is not None
             if victim is None:
                 break
+            self._memory_bound = True
             self.preempt(victim)
             keep = slots[k:] != victim
             slots, num_new = slots[k:][keep], num_new[k:][keep]
@@ -205,17 +205,16 @@ class BatchBuilder:
             return AddResult.NO_PAGES
         if self.tokens_left <= 0:
             return AddResult.NO_TOKENS
-        if self.seq_room <= 0 and not self._preempt_for(candidate):
-            return AddResult.NO_SEQS
-        prefill = PrefillCandidate(candidate.request, candidate.num_computed, candidate.num_tokens, ongoing=False)
-        size = self._chunk(prefill, exclude=candidate.request_id) if num_new is None else num_new
-        if size == 0:
+        size = self._first_chunk(candidate) if num_new is None else num_new
+        if size == 0:  # asked before anyone is preempted for it
             return AddResult.DECLINED
         if not 0 < size <= min(candidate.remaining, self.tokens_left):
             msg = f"cannot admit {candidate.request_id!r} with {size} tokens"
             raise InvalidPlanError(msg)
-        whole = self.view.pages_for(candidate.num_tokens)
-        while whole > self.pages_left - self.view.watermark_pages - sum(self._reserve.values()):
+        if self.seq_room <= 0 and not self._preempt_for(candidate):
+            return AddResult.NO_SEQS
+        whole = self._admission_pages(candidate)
+        while whole > self._admission_headroom():
             if not self._preempt_for(candidate):
                 return AddResult.NO_PAGES
         pages = self.view.pages_for(candidate.num_computed + size)
@@ -251,9 +250,10 @@ class BatchBuilder:
         """Preempt running requests that the best waiting ones outrank, before anything is scheduled.
 
         Looks at waiting requests in queue order, as many as this step's token budget could
-        admit, and preempts victims they outrank (by the victim order) until they would fit the
-        sequence cap and KV memory. Does nothing unless the preemption policy allows waiting
-        requests to preempt. Returns the number of preemptions.
+        admit, skips those the chunk sizer would not start now, and preempts victims the others
+        outrank (by the victim order) until they would pass :meth:`admit`'s seat and page rules.
+        Does nothing unless the preemption policy allows waiting requests to preempt. Returns the
+        number of preemptions.
         """
         if not self.preemption.preempt_for_waiting:
             return 0
@@ -261,9 +261,11 @@ class BatchBuilder:
         for candidate in self.view.waiting():
             if tokens >= self.tokens_left:
                 break
-            first = min(candidate.num_tokens, self.tokens_left - tokens)
-            tokens, seats, pages = tokens + first, seats + 1, pages + self.view.pages_for(first)
-            while self.seq_room < seats or self.pages_left - self.view.watermark_pages < pages:
+            first = self._first_chunk(candidate)
+            if first == 0:
+                continue
+            tokens, seats, pages = tokens + first, seats + 1, pages + self._admission_pages(candidate)
+            while self.seq_room < seats or self._admission_headroom() < pages:
                 if not self._preempt_for(candidate):
                     return count
                 count += 1
@@ -315,9 +317,6 @@ class BatchBuilder:
         alive: Int32Array = running[~np.isin(running, self._preempted)]
         return alive
 
-    def _untaken_running(self) -> Int32Array:
-        return self._untaken(self.view.running)
-
     def _untaken(self, slots: Int32Array) -> Int32Array:
         if not self._any_taken:
             return slots
@@ -328,6 +327,18 @@ class BatchBuilder:
         if not len(candidates):
             return None
         return int(self.preemption.victims.order(self.view, candidates)[0])
+
+    def _first_chunk(self, candidate: WaitingCandidate) -> int:
+        prefill = PrefillCandidate(candidate.request, candidate.num_computed, candidate.num_tokens, ongoing=False)
+        return self._chunk(prefill, exclude=candidate.request_id)
+
+    def _admission_pages(self, candidate: WaitingCandidate) -> int:
+        """Pages an admission must find free: the whole prefill's (precomputed tokens included)."""
+        return self.view.pages_for(candidate.num_tokens)
+
+    def _admission_headroom(self) -> int:
+        """Free pages an admission may use: beyond the watermark and what ongoing prefills still need."""
+        return self.pages_left - self.view.watermark_pages - sum(self._reserve.values())
 
     def _preempt_for(self, candidate: WaitingCandidate) -> bool:
         if not self.preemption.preempt_for_waiting:
@@ -357,5 +368,5 @@ class BatchBuilder:
         running = [
             self.view.num_computed[s].astype(np.int64) + t for s, t in zip(self._slots, self._tokens, strict=True)
         ]
-        admitted = np.array([n for _, n in self._admitted], dtype=np.int64)
+        admitted = np.array([c.num_computed + n for c, n in self._admitted], dtype=np.int64)
         return np.concatenate([*running, admitted])

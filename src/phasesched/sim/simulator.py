@@ -14,7 +14,7 @@ there; its logits give the first token, which is when TTFT ends).
 
 Between events, a worker whose batch is all decodes takes identical steps; with
 ``fast_forward`` it takes as many as happen before anything can change its batch in one
-vectorized computation (:meth:`phasesched.Scheduler.decode_run`), with exactly the times that
+vectorized computation (:meth:`phasesched.scheduler.Scheduler.decode_run`), with exactly the times that
 stepping one by one would give.
 """
 
@@ -24,7 +24,7 @@ import enum
 import heapq
 import itertools
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 import attrs
@@ -32,6 +32,7 @@ import numpy as np
 
 from phasesched.costmodel.protocol import CostModel, decode_step_times
 from phasesched.decode_run import DecodeRun
+from phasesched.errors import PhaseschedError
 from phasesched.executor import StepResult
 from phasesched.metrics.recorder import MetricsRecorder, Role, WorkerRecorder
 from phasesched.metrics.summary import RunMetrics, summarize
@@ -49,6 +50,11 @@ __all__ = ["SimResult", "Simulator", "WorkerStats", "simulate"]
 
 Progress = Callable[[int, int], None]
 """Called as ``progress(completed, total)`` while a simulation runs."""
+
+
+def _run_length(ends: np.ndarray, horizon: float) -> int:
+    """How many steps of a run start before ``horizon`` (at least one: the run has begun)."""
+    return min(1 + int(np.searchsorted(ends[:-1], horizon, side="left")), len(ends))
 
 
 class _Event(enum.IntEnum):
@@ -193,8 +199,10 @@ class Simulator:
             while self._heap and self._heap[0][0] == now:
                 _, _, kind, payload = heapq.heappop(self._heap)
                 self._handle(kind, payload, now, touched)
-            for worker in touched.values():
-                self._start(worker, now)
+            self._start_all(touched.values(), now)
+        if self.recorder.completed < self._issued:
+            msg = f"the simulation stalled: {self._issued - self.recorder.completed} requests never finished"
+            raise PhaseschedError(msg)
         return self._result(time.perf_counter() - wall)
 
     def _handle(self, kind: _Event, payload: Any, now: float, touched: dict[int, _Worker]) -> None:
@@ -213,41 +221,53 @@ class Simulator:
             worker = self._deliver(payload, now)
             touched[worker.index] = worker
 
-    def _start(self, worker: _Worker, now: float) -> None:
-        """Start ``worker``'s next step (or decode run) at ``now`` if it is idle and has work."""
-        if worker.busy:
-            return
-        if self.fast_forward:
-            run = worker.scheduler.decode_run(self.max_decode_run)
+    def _start_all(self, workers: Iterable[_Worker], now: float) -> None:
+        """Start every idle worker's next step or decode run at ``now``.
+
+        Plain steps start first, so their ends are in the heap when decode runs look for their
+        horizon. Decode runs starting at the same instant can also change each other's batches
+        (a finish in a closed loop issues a request anywhere): each is cut where the others'
+        would end on their own, which leaves the earliest one as it is and so is consistent.
+        """
+        runs = []
+        for worker in workers:
+            run = None if worker.busy or not self.fast_forward else worker.scheduler.decode_run(self.max_decode_run)
             if run is not None:
-                self._decode_run(worker, run, now)
-                return
+                runs.append((worker, run))
+            elif not worker.busy:
+                self._start_step(worker, now)
+        priced = []
+        for worker, run in runs:
+            horizon = self._horizon(worker)
+            ends = self._step_ends(worker, run, now, horizon)
+            priced.append((worker, run, horizon, ends, float(ends[_run_length(ends, horizon) - 1])))
+        for worker, run, horizon, ends, _ in priced:
+            others = [end for other, _, _, _, end in priced if self._affects(worker, _Event.STEP_END, other)]
+            self._take_run(worker, run, now, ends, _run_length(ends, min([horizon, *others])))
+
+    def _start_step(self, worker: _Worker, now: float) -> None:
+        """Schedule and price one step of ``worker`` (an idle step when it has nothing to run)."""
         plan = worker.scheduler.schedule(now)
-        if plan.is_empty:
-            worker.scheduler.update(plan, StepResult(step_id=plan.step_id, token_ids=np.empty(0, np.int32)))
-            return
         result = worker.executor.execute(plan)
+        if plan.is_empty:
+            worker.scheduler.update(plan, result)
+            return
         duration = result.duration_s or 0.0
         worker.plan, worker.result, worker.start, worker.busy = plan, result, now, True
         worker.steps += 1
         worker.busy_s += duration
         self._push(now + duration, _Event.STEP_END, worker)
 
-    def _decode_run(self, worker: _Worker, run: DecodeRun, now: float) -> None:
-        """Take as many of ``run``'s steps as start before anything can change the batch."""
-        horizon = self._horizon(worker)
-        ends = self._step_ends(worker, run, now, horizon)
-        count = min(1 + int(np.searchsorted(ends[:-1], horizon, side="left")), len(ends))
+    def _take_run(self, worker: _Worker, run: DecodeRun, now: float, ends: np.ndarray, count: int) -> None:
+        """Take the first ``count`` steps of ``run``, which end at ``ends``."""
         finished = worker.scheduler.advance(run, count)
         end = float(ends[count - 1])
-        left = worker.recorder.on_decode_run(run, ends[:count], (f.request_id for f in finished))
-        worker.busy, worker.plan, worker.finishing = True, None, len(finished)
+        left = worker.recorder.on_decode_run(run, now, ends[:count], (f.request_id for f in finished))
+        worker.busy, worker.plan, worker.finishing = True, None, len(left)
         worker.steps += count
         worker.fast_forwarded += count
         worker.busy_s += end - now
-        self._push(end, _Event.STEP_END, worker)
-        if left:
-            self._finished(len(left), end)
+        self._push(end, _Event.STEP_END, worker)  # its finishes are reported then, as stepping would
 
     def _step_ends(self, worker: _Worker, run: DecodeRun, now: float, horizon: float) -> np.ndarray:
         """End times of the run's steps, priced in growing batches until one ends past ``horizon``."""
@@ -261,8 +281,10 @@ class Simulator:
             priced = min(run.max_steps, priced * 4)
 
     def _step_end(self, worker: _Worker, now: float) -> None:
-        worker.busy, worker.finishing = False, 0
-        if worker.plan is None:  # a decode run: already recorded
+        finished_in_run, worker.busy, worker.finishing = worker.finishing, False, 0
+        if worker.plan is None:  # a decode run: recorded when it started; its finishes count now
+            if finished_in_run:
+                self._finished(finished_in_run, now)
             return
         assert worker.result is not None
         outcome = worker.scheduler.update(worker.plan, worker.result)
@@ -297,17 +319,17 @@ class Simulator:
     def _arrive(self, request: Request, now: float) -> _Worker:
         if self._first_arrival is None:
             self._first_arrival = now
-        self.recorder.arrive(request, now)
         role = Role.PREFILL if self.link is not None else Role.BOTH
         worker = self._least_loaded(role)
+        prefill_only = attrs.evolve(request, max_new_tokens=1) if role is Role.PREFILL else request
+        worker.scheduler.add_request(prefill_only)  # first: a rejected request leaves no trace
         if role is Role.PREFILL:
             self._awaiting_decode[request.request_id] = request
-            request = attrs.evolve(request, max_new_tokens=1)
-        worker.scheduler.add_request(request)
+        self.recorder.arrive(request, now)
         return worker
 
     def _finished(self, count: int, now: float) -> None:
-        self._last_finish = max(self._last_finish, now)  # decode runs report finishes ahead of time
+        self._last_finish = max(self._last_finish, now)
         if self.progress is not None:
             self.progress(self.recorder.completed, self.total)
         if self.closed_loop is not None:
@@ -362,9 +384,9 @@ class Simulator:
         other: _Worker = payload
         if other is worker:
             return False
-        if worker.role is Role.DECODE:
-            return other.role is Role.PREFILL
-        return self.closed_loop is not None  # finishes elsewhere issue new requests
+        if self.closed_loop is not None:  # a finish anywhere issues a new request
+            return True
+        return worker.role is Role.DECODE and other.role is Role.PREFILL
 
     def _make_workers(self, replicas: int, disaggregation: Disaggregation | None) -> list[_Worker]:
         if disaggregation is None:
