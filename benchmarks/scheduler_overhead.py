@@ -2,7 +2,10 @@
 
 Cases (mirroring ``shared/peers/vllm_sched``, which drives vLLM's V1 scheduler the same way):
 
-* ``decode-N``: N requests with 512-token prompts all decoding (one token each per step);
+* ``decode-N``: N requests with 512-token prompts all decoding (one token each per step), on
+  the scheduler's steady-decode path (nothing waits, so it builds the step without the policy);
+* ``decode-N/policy``: the same with that path off, so the policy plans and the scheduler
+  checks every step, as they do whenever something waits or a plugin policy runs;
 * ``mixed-256+16K``: 256 decodes while a 16K-token prompt is chunked beside them;
 * ``waiting-100K``: 256 decodes running while 100,000 requests wait (the sequence cap binds).
 
@@ -91,22 +94,25 @@ def summarize(name: str, running: int, samples: dict[str, list[float]]) -> dict[
     total = float(row["schedule_median_us"]) + float(row["update_median_us"])  # type: ignore[arg-type]
     row["step_median_us"] = total
     row["us_per_running_request"] = total / running
-    key: object = running if name.startswith("decode") else name
+    key: object = running if name.startswith("decode") else name  # both decode paths against vLLM's one
     reference = VLLM_REFERENCE_US.get(key)  # type: ignore[call-overload]
     row["vllm_reference_us"] = reference
     row["vllm_over_phasesched"] = None if reference is None else reference / total
     return row
 
 
-def quietest(rounds: list[dict[str, list[float]]]) -> dict[str, list[float]]:
-    """The round whose median step was cheapest: the one least disturbed by other load."""
-    return min(rounds, key=lambda r: statistics.median(r["schedule"]) + statistics.median(r["update"]))
+def pooled(rounds: list[dict[str, list[float]]]) -> dict[str, list[float]]:
+    """Every round's samples together: medians and p99s over all of them, disturbed ones included."""
+    return {verb: [v for r in rounds for v in r[verb]] for verb in ("schedule", "update")}
 
 
-def decode_case(n: int, steps: int, rounds: int) -> dict[str, object]:
+def decode_case(n: int, steps: int, rounds: int, *, ask_policy: bool = False) -> dict[str, object]:
+    """``n`` requests decoding; ``ask_policy`` turns off the steady-decode path, so the policy plans every step."""
     scheduler = make_scheduler(n)
+    scheduler._steady_fast_path = not ask_policy  # noqa: SLF001 -- the switch the equivalence tests use
     add_decoders(scheduler, n)
-    return summarize(f"decode-{n}", n, quietest([timed_steps(scheduler, steps) for _ in range(rounds)]))
+    name = f"decode-{n}" + ("/policy" if ask_policy else "")
+    return summarize(name, n, pooled([timed_steps(scheduler, steps) for _ in range(rounds)]))
 
 
 def mixed_case(steps: int) -> dict[str, object]:
@@ -133,13 +139,13 @@ def waiting_case(steps: int, rounds: int, waiting: int = 100_000) -> dict[str, o
     prompt = tuple(range(PROMPT))
     for i in range(waiting):
         scheduler.add_request(Request(f"w{i}", prompt_token_ids=prompt, max_new_tokens=16))
-    samples = quietest([timed_steps(scheduler, steps) for _ in range(rounds)])
+    samples = pooled([timed_steps(scheduler, steps) for _ in range(rounds)])
     return summarize(f"waiting-{waiting // 1000}K+256", 256, samples)
 
 
 def print_table(rows: list[dict[str, object]]) -> None:
     header = (
-        f"{'case':<18}{'running':>8}{'sched p50':>11}{'sched p99':>11}{'upd p50':>10}{'upd p99':>10}"
+        f"{'case':<20}{'running':>8}{'sched p50':>11}{'sched p99':>11}{'upd p50':>10}{'upd p99':>10}"
         f"{'us/req':>9}{'vLLM us':>10}{'vLLM/ours':>11}"
     )
     print(header)
@@ -148,7 +154,7 @@ def print_table(rows: list[dict[str, object]]) -> None:
         ref = r["vllm_reference_us"]
         ratio = r["vllm_over_phasesched"]
         print(
-            f"{r['case']:<18}{r['running']:>8}{r['schedule_median_us']:>11.1f}{r['schedule_p99_us']:>11.1f}"
+            f"{r['case']:<20}{r['running']:>8}{r['schedule_median_us']:>11.1f}{r['schedule_p99_us']:>11.1f}"
             f"{r['update_median_us']:>10.1f}{r['update_p99_us']:>10.1f}{r['us_per_running_request']:>9.2f}"
             f"{'-' if ref is None else ref:>10}{'-' if ratio is None else f'{ratio:.1f}x':>11}"
         )
@@ -158,12 +164,16 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--ns", default="16,64,256,1024,4096", help="running-request counts for decode-N")
     parser.add_argument("--steps", type=int, default=100, help="timed steps per round")
-    parser.add_argument("--rounds", type=int, default=5, help="rounds per case; the quietest is reported")
+    parser.add_argument("--rounds", type=int, default=5, help="rounds per case, pooled")
+    parser.add_argument("--skip-policy", action="store_true", help="skip decode-N/policy (the policy asked every step)")
     parser.add_argument("--skip-mixed", action="store_true")
     parser.add_argument("--skip-waiting", action="store_true")
     parser.add_argument("--json", metavar="PATH", help="also write the rows as JSON")
     args = parser.parse_args(argv)
-    rows = [decode_case(int(n), args.steps, args.rounds) for n in args.ns.split(",")]
+    ns = [int(n) for n in args.ns.split(",")]
+    rows = [decode_case(n, args.steps, args.rounds) for n in ns]
+    if not args.skip_policy:
+        rows += [decode_case(n, args.steps, args.rounds, ask_policy=True) for n in ns]
     if not args.skip_mixed:
         rows.append(mixed_case(max(args.steps // 4, 10)))
     if not args.skip_waiting:

@@ -396,3 +396,52 @@ class TestQueuePlaces:
             plan = driver.step()
             assert not plan.preempted
             assert "mid" not in plan.request_ids
+
+
+class TestLastPromptToken:
+    def test_prefill_first_does_not_hold_back_a_prompts_last_token(self) -> None:
+        """A prompt one token past a chunk boundary finishes its prefill next step, though new prompts keep arriving."""
+        chunker = LongPrefillThreshold(long_prefill_token_threshold=64, max_num_partial_prefills=1)
+        policy = SchedulingPolicy(budget=TokenBudget(64, 8), chunker=chunker, priority=PrefillFirst())
+        driver = Driver(scheduler_for(policy, num_pages=4000))
+        driver.scheduler.add_request(Request("a", prompt_len=129, max_new_tokens=4))
+        for t in range(3):
+            driver.scheduler.add_request(Request(f"w{t}", prompt_len=200, max_new_tokens=4, arrival_time=t + 0.5))
+            plan = driver.step(float(t))
+        assert tokens_by_request(plan)["a"] == 1
+        assert plan.samples[plan.request_ids.index("a")], "the last prompt token samples the first output"
+        assert plan.pieces[plan.request_ids.index("a")].phase.name == "PREFILL"
+
+
+class TestPreemptionForWaiting:
+    def test_nobody_is_evicted_for_an_admission_that_still_cannot_happen(self) -> None:
+        """A priority request whose pages preemption could not free evicts nobody (it would waste their work)."""
+        preemption = PreemptionPolicy(victims=LowestPriority(), preempt_for_waiting=True)
+        policy = SchedulingPolicy(
+            budget=TokenBudget(64, 2), chunker=FixedChunk(64), queue_order=PriorityOrder(), preemption=preemption
+        )
+        driver = Driver(scheduler_for(policy, num_pages=6, page_size=4))
+        driver.scheduler.add_request(Request("lo", prompt_len=4, max_new_tokens=4, priority=5))
+        driver.scheduler.add_request(Request("hi0", prompt_len=8, max_new_tokens=4, priority=0))
+        driver.step()
+        driver.step()
+        driver.scheduler.add_request(Request("hi", prompt_len=20, max_new_tokens=1, priority=3, arrival_time=1.0))
+        plan = driver.step(1.0)  # evicting "lo" frees a seat and 2 pages; "hi" needs 5 of them
+        assert plan.preempted == ()
+        assert set(plan.request_ids) == {"lo", "hi0"}
+
+    def test_a_seat_is_freed_when_that_is_enough(self) -> None:
+        """When the sequence cap alone binds, the outranked request is preempted and the priority one runs."""
+        preemption = PreemptionPolicy(victims=LowestPriority(), preempt_for_waiting=True)
+        policy = SchedulingPolicy(
+            budget=TokenBudget(64, 2), chunker=FixedChunk(64), queue_order=PriorityOrder(), preemption=preemption
+        )
+        driver = Driver(scheduler_for(policy, num_pages=100, page_size=4))
+        driver.scheduler.add_request(Request("lo1", prompt_len=4, max_new_tokens=50, priority=5))
+        driver.scheduler.add_request(Request("lo2", prompt_len=4, max_new_tokens=50, priority=5, arrival_time=0.1))
+        driver.step()
+        driver.step()
+        driver.scheduler.add_request(Request("hi", prompt_len=4, max_new_tokens=5, priority=0, arrival_time=1.0))
+        plan = driver.step(1.0)
+        assert plan.preempted == ("lo2",)
+        assert "hi" in plan.request_ids

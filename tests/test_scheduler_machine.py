@@ -64,6 +64,9 @@ POLICIES: dict[str, PolicyFactory] = {
     ),
 }
 
+PARTIAL_PREFILL_CAPS = {"vllm": 2, "prefill-first": 1}
+"""Policies above that cap concurrent partial prefills (LongPrefillThreshold), and their caps."""
+
 EOS = 3
 
 
@@ -96,6 +99,7 @@ class SchedulerMachine(RuleBasedStateMachine):
         budget = TokenBudget(max_num_batched_tokens=tokens, max_num_seqs=seqs)
         config = SchedulerConfig(num_pages=num_pages, page_size=page_size, max_model_len=96, watermark=watermark)
         self.scheduler = Scheduler(config, POLICIES[policy](budget, chunk))
+        self.partial_cap = PARTIAL_PREFILL_CAPS.get(policy)
 
     @rule(
         prompt=st.integers(1, 100),
@@ -176,6 +180,17 @@ class SchedulerMachine(RuleBasedStateMachine):
     def whole(self) -> None:
         if hasattr(self, "scheduler"):
             self.scheduler.check_invariants()
+
+    @invariant()
+    def partial_prefills_within_cap(self) -> None:
+        """No more requests are part-way through their prefill than the chunk sizer's cap allows."""
+        if getattr(self, "partial_cap", None) is None:
+            return
+        partial = 0
+        for request_id in self.scheduler.running_request_ids():
+            computed, known = self.scheduler.progress(request_id)
+            partial += known - computed > 1 or computed < self.requests[request_id].prompt_len
+        assert partial <= self.partial_cap, f"{partial} partial prefills, cap {self.partial_cap}"
 
     def teardown(self) -> None:
         if not hasattr(self, "scheduler"):

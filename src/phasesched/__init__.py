@@ -19,7 +19,9 @@ from phasesched.engine import VirtualClock as VirtualClock
 from phasesched.engine import WallClock as WallClock
 from phasesched.errors import DuplicateNameError as DuplicateNameError
 from phasesched.errors import DuplicateRequestError as DuplicateRequestError
+from phasesched.errors import InvalidArgumentError as InvalidArgumentError
 from phasesched.errors import InvalidPlanError as InvalidPlanError
+from phasesched.errors import InvalidRequestError as InvalidRequestError
 from phasesched.errors import InvalidResultError as InvalidResultError
 from phasesched.errors import OutOfPagesError as OutOfPagesError
 from phasesched.errors import PhaseschedError as PhaseschedError
@@ -27,6 +29,7 @@ from phasesched.errors import PlanInFlightError as PlanInFlightError
 from phasesched.errors import RequestRejectedError as RequestRejectedError
 from phasesched.errors import UnknownNameError as UnknownNameError
 from phasesched.errors import UnknownRequestError as UnknownRequestError
+from phasesched.errors import UnknownTableError as UnknownTableError
 from phasesched.executor import DeterministicExecutor as DeterministicExecutor
 from phasesched.executor import Executor as Executor
 from phasesched.executor import StepResult as StepResult
@@ -81,7 +84,9 @@ __all__ = [
     "Executor",
     "FinishReason",
     "FinishedRequest",
+    "InvalidArgumentError",
     "InvalidPlanError",
+    "InvalidRequestError",
     "InvalidResultError",
     "OutOfPagesError",
     "PagedKVManager",
@@ -104,6 +109,7 @@ __all__ = [
     "StepResult",
     "UnknownNameError",
     "UnknownRequestError",
+    "UnknownTableError",
     "VirtualClock",
     "WallClock",
     "__version__",

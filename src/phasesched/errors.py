@@ -10,7 +10,9 @@ from __future__ import annotations
 __all__ = [
     "DuplicateNameError",
     "DuplicateRequestError",
+    "InvalidArgumentError",
     "InvalidPlanError",
+    "InvalidRequestError",
     "InvalidResultError",
     "OutOfPagesError",
     "PhaseschedError",
@@ -18,11 +20,24 @@ __all__ = [
     "RequestRejectedError",
     "UnknownNameError",
     "UnknownRequestError",
+    "UnknownTableError",
 ]
 
 
 class PhaseschedError(Exception):
     """Base class of every error phasesched raises on purpose."""
+
+
+class InvalidArgumentError(PhaseschedError, ValueError):
+    """An argument lies outside its documented range (a non-positive page size, say)."""
+
+
+class InvalidRequestError(InvalidArgumentError):
+    """A request is malformed on its own (a non-positive length, negative token ids, ...).
+
+    Raised when the request is built, before any scheduler sees it; a well-formed request
+    that a scheduler cannot serve raises :class:`RequestRejectedError` instead.
+    """
 
 
 class RequestRejectedError(PhaseschedError, ValueError):
@@ -64,6 +79,13 @@ class OutOfPagesError(PhaseschedError, RuntimeError):
         super().__init__(f"asked for {requested} KV pages, {available} available")
         self.requested = requested
         self.available = available
+
+
+class UnknownTableError(PhaseschedError, KeyError):
+    """A KV page table that is not open (never opened, or already freed); nothing changed."""
+
+    def __str__(self) -> str:  # KeyError quotes its message; keep it readable.
+        return str(self.args[0]) if self.args else "unknown KV table"
 
 
 class InvalidPlanError(PhaseschedError, ValueError):

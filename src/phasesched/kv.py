@@ -14,7 +14,7 @@ from __future__ import annotations
 import numpy as np
 from numpy.typing import NDArray
 
-from phasesched.errors import OutOfPagesError
+from phasesched.errors import InvalidArgumentError, OutOfPagesError, UnknownTableError
 
 __all__ = ["PagedKVManager"]
 
@@ -51,10 +51,10 @@ class PagedKVManager:
     def __init__(self, num_pages: int, page_size: int, *, watermark: float = 0.0) -> None:
         if num_pages <= 0 or page_size <= 0:
             msg = f"num_pages and page_size must be positive, got {num_pages} and {page_size}"
-            raise ValueError(msg)
+            raise InvalidArgumentError(msg)
         if not 0.0 <= watermark < 1.0:
             msg = f"watermark must be in [0, 1), got {watermark}"
-            raise ValueError(msg)
+            raise InvalidArgumentError(msg)
         self.num_pages = num_pages
         self.page_size = page_size
         self.watermark_pages = int(watermark * num_pages)
@@ -226,7 +226,7 @@ class PagedKVManager:
         self._check_open(slot)
         if num_pages < 0:
             msg = f"num_pages must be non-negative, got {num_pages}"
-            raise ValueError(msg)
+            raise InvalidArgumentError(msg)
         before = int(self._count[slot])
         self.grow_to(slot, (before + num_pages) * self.page_size)
         return _read_only(self._table[slot, before : before + num_pages].copy())
@@ -287,7 +287,7 @@ class PagedKVManager:
     def _check_open(self, slot: int) -> None:
         if not self.is_open(slot):
             msg = f"KV table {slot} is not open"
-            raise KeyError(msg)
+            raise UnknownTableError(msg)
 
     def _grow_rows(self) -> None:
         old = len(self._open)

@@ -20,6 +20,7 @@ import attrs
 import numpy as np
 from numpy.typing import NDArray
 
+from phasesched.errors import InvalidPlanError
 from phasesched.request import Phase, Request
 
 __all__ = ["ScheduledPiece", "StepPlan", "build_step_plan"]
@@ -186,7 +187,7 @@ def _written_pages(plan: StepPlan) -> Int32Array:
 
 def _expect(ok: bool, message: str) -> None:
     if not ok:
-        raise ValueError(message)
+        raise InvalidPlanError(message)
 
 
 def _indptr(lengths: NDArray[np.integer]) -> Int32Array:
@@ -225,7 +226,29 @@ def build_step_plan(  # noqa: PLR0913 -- one keyword per metadata array, all req
     """Derive the remaining metadata (``qo_indptr``, last-page lengths, positions) and freeze.
 
     ``kv_indptr``/``kv_indices`` come from :meth:`phasesched.kv.PagedKVManager.gather` for
-    ``ceil((start + num_new) / page_size)`` pages per slice.
+    ``ceil((start + num_new) / page_size)`` pages per slice. The arrays are frozen in place (made
+    read-only, not copied), so pass arrays nothing writes to afterwards.
+
+    Args:
+        step_id: The plan's id, one more than the previous plan's.
+        request_ids: ``B`` request ids, one per slice, in batch order.
+        slots: int32 ``[B]``: each slice's KV table.
+        start: int32 ``[B]``: tokens already in each slice's cache.
+        num_new: int32 ``[B]``: tokens each slice computes, ``>= 1``.
+        prompt_len: int32 ``[B]``: each request's prompt length.
+        samples: bool ``[B]``: slices that end at their request's last known token.
+        kv_indptr: int32 ``[B + 1]``: page offsets into ``kv_indices``.
+        kv_indices: int32 ``[kv_indptr[-1]]``: page ids.
+        page_size: Tokens per KV page.
+        input_ids: int32 ``[T]`` (``T = num_new.sum()``) token ids to feed, or ``None`` when a
+            request is length-only.
+        preempted: Requests preempted while planning this step.
+        new_requests: Requests scheduled for the first time since admission or resumption.
+        released: Requests whose executor state may be dropped since the previous plan.
+
+    Returns:
+        The plan, with ``qo_indptr`` int32 ``[B + 1]``, ``kv_last_page_len`` and ``kv_len``
+        int32 ``[B]`` and ``positions`` int32 ``[T]`` derived.
     """
     kv_len = start + num_new
     arrays: dict[str, NDArray[np.generic]] = {

@@ -14,6 +14,8 @@ from collections.abc import Sequence
 
 import attrs
 
+from phasesched.errors import InvalidRequestError
+
 __all__ = [
     "SLO",
     "FinishReason",
@@ -72,13 +74,13 @@ def phase_of(start: int, num_new: int, prompt_len: int) -> Phase:
 def _positive(_: object, attribute: attrs.Attribute[int], value: int) -> None:
     if value <= 0:
         msg = f"{attribute.name} must be positive, got {value}"
-        raise ValueError(msg)
+        raise InvalidRequestError(msg)
 
 
 def _non_negative_or_none(_: object, attribute: attrs.Attribute[float | None], value: float | None) -> None:
     if value is not None and not (value >= 0 and math.isfinite(value)):
         msg = f"{attribute.name} must be a finite non-negative number, got {value}"
-        raise ValueError(msg)
+        raise InvalidRequestError(msg)
 
 
 def _non_negative(_: object, attribute: attrs.Attribute[float], value: float) -> None:
@@ -165,14 +167,14 @@ class Request:
         if ids is not None:
             if self.prompt_len not in (-1, len(ids)):
                 msg = f"prompt_len={self.prompt_len} disagrees with {len(ids)} prompt_token_ids"
-                raise ValueError(msg)
+                raise InvalidRequestError(msg)
             if any(t < 0 for t in ids):
                 msg = "prompt_token_ids must be non-negative"
-                raise ValueError(msg)
+                raise InvalidRequestError(msg)
             object.__setattr__(self, "prompt_len", len(ids))
         if self.prompt_len <= 0:
             msg = f"request {self.request_id!r} needs a positive prompt length, got {self.prompt_len}"
-            raise ValueError(msg)
+            raise InvalidRequestError(msg)
 
     @property
     def has_token_ids(self) -> bool:

@@ -318,10 +318,11 @@ class Scheduler:
     def _steady_step(self) -> CheckedSelection | None:
         """The next step, when it is certain to be every running request decoding one token.
 
-        That holds when no plan is in flight, nothing waits, every running request has one token
-        left, the budget holds them all, KV covers the step, and the phase priority declares
-        ``schedules_every_decode``. Then the policy's answer is known without asking it, and as
-        the selection is built here from the scheduler's own state there is nothing to check.
+        That holds when no plan is in flight, nothing waits, every running request decodes (one
+        generated token left to feed), the budget holds them all, KV covers the step, and the
+        phase priority declares ``schedules_every_decode``. Then the policy's answer is known
+        without asking it, and as the selection is built here from the scheduler's own state
+        there is nothing to check.
         """
         running = self._running
         if self._in_flight is not None or len(self._waiting) or not len(running):
@@ -330,9 +331,10 @@ class Scheduler:
             return None
         if len(running) > self.policy.budget.max_num_batched_tokens:
             return None
-        start, known = self._arrays.computed[running], self._arrays.known[running]
-        if np.count_nonzero(known - start - 1):  # a prefill is under way
-            return None
+        arrays = self._arrays
+        start, known = arrays.computed[running], arrays.known[running]
+        if np.count_nonzero(known - start - 1) or np.any(start < arrays.prompt_len[running]):
+            return None  # a prefill is under way, if only a prompt's last token
         new_pages = self.kv.pages_to_grow(running, start + 1)
         if int(new_pages.sum()) > self.kv.num_free_pages:
             return None  # the policy would preempt: let it

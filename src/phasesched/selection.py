@@ -132,7 +132,7 @@ def check_selection(  # noqa: PLR0913 -- the state a proposal is checked against
         f"{total} tokens exceed max_num_batched_tokens={budget.max_num_batched_tokens}",
     )
     new_pages = kv.pages_to_grow(slots, start + tokens)
-    _check_pages(int(new_pages.sum()) + admitted_pages, selection, kv)
+    _check_pages(int(new_pages.sum()), admitted_pages, selection, kv)
     return CheckedSelection(selection, start, known, new_pages)
 
 
@@ -172,8 +172,14 @@ def _check_admitted(selection: Selection, waiting: WaitingQueue, kv: PagedKVMana
     return pages
 
 
-def _check_pages(need: int, selection: Selection, kv: PagedKVManager) -> None:
-    if need <= kv.num_free_pages:
+def _check_pages(growth: int, admitted: int, selection: Selection, kv: PagedKVManager) -> None:
+    """Running requests may grow into every free page; admissions must leave the watermark free."""
+    need, reserve = growth + admitted, kv.watermark_pages if admitted else 0
+    if need <= kv.num_free_pages and admitted + reserve <= kv.num_free_pages:
         return
     available = kv.num_free_pages + kv.freed_by_freeing(np.asarray(selection.preempted, dtype=np.int32))
     _require(need <= available, f"the step needs {need} KV pages, {available} would be free")
+    _require(
+        admitted + reserve <= available,
+        f"admissions need {admitted} KV pages of {available} free, but {reserve} are the watermark's",
+    )

@@ -96,8 +96,11 @@ class BatchBuilder:
         self._preempted: list[int] = []
         self._admitted: list[tuple[WaitingCandidate, int]] = []
         running = view.running
-        self._remaining = view.num_tokens[running] - view.num_computed[running]  # in running order
-        in_prefill = self._remaining > 1
+        computed = view.num_computed[running]
+        remaining = view.num_tokens[running] - computed  # in running order
+        # A decode feeds one generated token (phase_of's rule); a prompt's last token is prefill.
+        self._is_decode = (remaining == 1) & (computed >= view.prompt_len[running])
+        in_prefill = ~self._is_decode
         # Unfinished prefills after this step, by slot (running) or id (admitted): tokens left ...
         self._partial: dict[int | str, int] = {}
         # ... and the pages they still need to finish, which admissions must leave them.
@@ -105,18 +108,22 @@ class BatchBuilder:
         if np.count_nonzero(in_prefill):
             pending = running[in_prefill]
             outstanding = -(-view.num_tokens[pending] // view.page_size) - view.page_count[pending]
-            self._partial = dict(zip(pending.tolist(), self._remaining[in_prefill].tolist(), strict=True))
+            self._partial = dict(zip(pending.tolist(), remaining[in_prefill].tolist(), strict=True))
             self._reserve = dict(zip(pending.tolist(), outstanding.tolist(), strict=True))
 
     # ---------------------------------------------------------------- candidates
     def running_decodes(self) -> Int32Array:
-        """Running requests not yet in the step with exactly one token to compute, in admission order."""
-        decodes: Int32Array = self.view.running[self._remaining == 1]
+        """int32 ``[n]``: slots of running requests not yet in the step that decode, in admission order.
+
+        A decode computes exactly one token that the model generated; a prompt's last token is
+        a prefill (see :func:`phasesched.request.phase_of`).
+        """
+        decodes: Int32Array = self.view.running[self._is_decode]
         return self._untaken(decodes)
 
     def running_prefills(self) -> Int32Array:
-        """Running requests not yet in the step with a prefill under way, in admission order."""
-        prefills: Int32Array = self.view.running[self._remaining > 1]
+        """int32 ``[n]``: slots of running requests not yet in the step with a prefill under way, in admission order."""
+        prefills: Int32Array = self.view.running[~self._is_decode]
         return self._untaken(prefills)
 
     @property
@@ -211,12 +218,9 @@ class BatchBuilder:
         if not 0 < size <= min(candidate.remaining, self.tokens_left):
             msg = f"cannot admit {candidate.request_id!r} with {size} tokens"
             raise InvalidPlanError(msg)
-        if self.seq_room <= 0 and not self._preempt_for(candidate):
-            return AddResult.NO_SEQS
         whole = self._admission_pages(candidate)
-        while whole > self._admission_headroom():
-            if not self._preempt_for(candidate):
-                return AddResult.NO_PAGES
+        if not self._make_room(candidate, seats=1, pages=whole):
+            return AddResult.NO_SEQS if self.seq_room <= 0 else AddResult.NO_PAGES
         pages = self.view.pages_for(candidate.num_computed + size)
         self._admitted.append((candidate, size))
         self.tokens_left -= size
@@ -257,7 +261,8 @@ class BatchBuilder:
         """
         if not self.preemption.preempt_for_waiting:
             return 0
-        count = tokens = seats = pages = 0
+        before = len(self._preempted)
+        tokens = seats = pages = 0
         for candidate in self.view.waiting():
             if tokens >= self.tokens_left:
                 break
@@ -265,11 +270,9 @@ class BatchBuilder:
             if first == 0:
                 continue
             tokens, seats, pages = tokens + first, seats + 1, pages + self._admission_pages(candidate)
-            while self.seq_room < seats or self._admission_headroom() < pages:
-                if not self._preempt_for(candidate):
-                    return count
-                count += 1
-        return count
+            if not self._make_room(candidate, seats=seats, pages=pages):
+                break
+        return len(self._preempted) - before
 
     def build(self) -> Selection:
         """The selection accumulated so far."""
@@ -340,16 +343,41 @@ class BatchBuilder:
         """Free pages an admission may use: beyond the watermark and what ongoing prefills still need."""
         return self.pages_left - self.view.watermark_pages - sum(self._reserve.values())
 
-    def _preempt_for(self, candidate: WaitingCandidate) -> bool:
+    def _make_room(self, candidate: WaitingCandidate, *, seats: int, pages: int) -> bool:
+        """Free ``seats`` sequence seats and ``pages`` admission pages, preempting requests ``candidate`` outranks.
+
+        The victims are chosen first and preempted only if together they make enough room:
+        evicting someone for an admission that still cannot happen would only waste its work.
+        """
+        seat_gap, page_gap = seats - self.seq_room, pages - self._admission_headroom()
+        if seat_gap <= 0 and page_gap <= 0:
+            return True
         if not self.preemption.preempt_for_waiting:
             return False
         running = self._preemptible()
         outranked = running[self.view.priority[running] > candidate.request.priority]
-        victim = self._victim(outranked)
-        if victim is None:
+        chosen: list[int] = []
+        for victim in self.preemption.victims.order(self.view, outranked).tolist() if len(outranked) else ():
+            if seat_gap - len(chosen) <= 0 and page_gap - self._room_freed(chosen) <= 0:
+                break
+            chosen.append(int(victim))
+        if seat_gap - len(chosen) > 0 or page_gap - self._room_freed(chosen) > 0:
             return False
-        self.preempt(victim)
-        return True
+        for victim in chosen:
+            self.preempt(victim)
+        return seats <= self.seq_room and pages <= self._admission_headroom()
+
+    def _room_freed(self, slots: list[int]) -> int:
+        """Admission pages that preempting ``slots`` would free: their pages, this step's growth and reserves."""
+        if not slots:
+            return 0
+        array = np.array(slots, np.int32)
+        freed = self.view.freed_by_preempting(array) + sum(self._reserve.get(slot, 0) for slot in slots)
+        for taken, tokens in zip(self._slots, self._tokens, strict=True):
+            hit = np.isin(taken, array)
+            if np.any(hit):
+                freed += int(self.view.pages_to_grow(taken[hit], tokens[hit]).sum())
+        return freed
 
     def _chunk(self, candidate: PrefillCandidate, exclude: int | str) -> int:
         context = ChunkContext(
