@@ -1,12 +1,13 @@
 """A minimal inference engine on phasesched: schedule -> execute -> update until every request is done.
 
-The scheduler runs Sarathi-Serve's policy (decodes first, prompts in fixed chunks under one token
-budget). The executor is the torch reference executor (a tiny Llama with random weights) when
-``phasesched-torch`` is installed, else phasesched's ``DeterministicExecutor``, which computes
-nothing and emits position-derived tokens. Run::
+The scheduler runs any registered policy (``--policy``, default ``sarathi``: decodes first, prompts
+in fixed chunks under one token budget). The executor is the torch reference executor (a tiny Llama
+with random weights) when ``phasesched-torch`` is installed, else phasesched's
+``DeterministicExecutor``, which computes nothing and emits position-derived tokens (no torch
+needed). Run::
 
     python examples/engine_loop.py                      # torch if installed
-    python examples/engine_loop.py --executor deterministic
+    python examples/engine_loop.py --executor deterministic --policy vllm
 """
 
 from __future__ import annotations
@@ -14,8 +15,10 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import time
+from pathlib import Path
 
 from phasesched import (
+    POLICIES,
     DeterministicExecutor,
     Executor,
     PolicyOptions,
@@ -25,6 +28,7 @@ from phasesched import (
     SchedulerConfig,
     load_policy,
 )
+from phasesched.costmodel import CostModel, ProfiledCostModel, RooflineCostModel
 
 PAGE_SIZE = 16
 NUM_PAGES = 64
@@ -60,11 +64,28 @@ def main(argv: list[str] | None = None) -> int:
     """Run every request to completion, printing each step and each finished request's tokens."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--executor", choices=("auto", "torch", "deterministic"), default="auto")
-    parser.add_argument("--chunk-size", type=int, default=32, help="prefill chunk and per-step token budget")
+    parser.add_argument(
+        "--policy", choices=POLICIES.names(), default="sarathi", help="a registered policy (default sarathi)"
+    )
+    parser.add_argument(
+        "--chunk-size", type=int, default=32, help="the policy's chunk size (sarathi: chunk and per-step token budget)"
+    )
+    parser.add_argument(
+        "--cost-model",
+        type=Path,
+        metavar="FILE.csv",
+        help="profile CSV that SLO-adaptive policies (sarathi-slo) predict with; default: an H200 roofline",
+    )
     args = parser.parse_args(argv)
 
     name, executor = make_executor(args.executor)
-    policy = load_policy("sarathi", PolicyOptions(chunk_size=args.chunk_size))
+    cost: CostModel = (
+        ProfiledCostModel.from_csv(args.cost_model)
+        if args.cost_model is not None
+        else RooflineCostModel.from_names("H200", "llama-3-8b")
+    )
+    options = PolicyOptions(max_model_len=NUM_PAGES * PAGE_SIZE, chunk_size=args.chunk_size, cost_model=cost)
+    policy = load_policy(args.policy, options)
     scheduler = Scheduler(SchedulerConfig(num_pages=NUM_PAGES, page_size=PAGE_SIZE), policy)
     for request in make_requests():
         scheduler.add_request(request)
@@ -85,7 +106,7 @@ def main(argv: list[str] | None = None) -> int:
                 f"  {record.request_id} done ({record.reason.value}): prompt of {record.prompt_len} tokens -> "
                 f"{list(record.output_token_ids or ())}"
             )
-    print(f"{name} executor: {steps} steps in {time.perf_counter() - start:.2f} s")
+    print(f"{name} executor, {policy.name} policy: {steps} steps in {time.perf_counter() - start:.2f} s")
     return 0
 
 

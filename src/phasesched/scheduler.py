@@ -115,8 +115,9 @@ class Scheduler:
 
     Args:
         config: KV geometry and model limit.
-        policy: The scheduling policy; defaults to the ``vllm`` preset's shape
-            (decode-first, 8192-token budget, FCFS).
+        policy: The scheduling policy; defaults to ``SchedulingPolicy()``: decode-first
+            with fixed 512-token chunks, the default token budget, FCFS and recompute
+            preemption (a stall-free shape; load a preset for a named system).
 
     """
 

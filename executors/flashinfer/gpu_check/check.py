@@ -11,9 +11,13 @@ Run by ``run_check.sh`` on a GPU machine after the prebuilt bundle is installed 
   torch reference executor on the same GPU, step for step on mixed prefill + decode batches
   (bf16 and fp16, plain and Llama 3.1 RoPE, Llama-3-8B widths); CUDA-graph decodes against eager.
 * ``decode_timing``: one decode step at batch 1/16/64/256: the whole step, the forward, the
-  attention kernels and RoPE + KV append (device events), the host's plan, graphs on and off.
-* ``profile``: step times over a small grid, written as the profiled cost model's CSV.
-* ``pytest``: the GPU tests (``tests/executors/flashinfer -m gpu``: conformance and comparisons).
+  attention kernels and RoPE + KV append (device events), the host's plan, graphs on and off
+  (one Llama-3-8B executor at a time, so it fits an 80 GB H100 as well as an H200).
+* ``profile``: ``phasesched profile --executor flashinfer`` run in-process over a small grid,
+  writing the profiled cost model's CSV (the executor is registered here when no entry point
+  is installed, as under run_check.sh's ``PYTHONPATH``).
+* ``pytest``: the GPU tests (``-m gpu`` in ``tests/executors/flashinfer``: conformance and
+  comparisons, and the torch executor's CUDA test), library warnings shown, not raised.
 
 Writes ``check.json`` (rewritten after every section, so a timeout keeps what was done) and
 ``profile.csv`` under ``--out``. Exit status: 0 all passed, 1 a section failed, 2 the machine
@@ -223,84 +227,155 @@ def _guarded(fn: Callable[[], dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
-def _big_executors(num_pages: int) -> tuple[Any, Any]:
-    """Llama-3-8B (random bf16 weights) on FlashInfer, eager and with decode graphs, sharing weights."""
+DECODE_BATCH_SIZES = (1, 16, 64, 256)
+"""Decode batches the timing section measures (each at ``--context`` tokens per slice)."""
+PROFILE_ARGS = (
+    "--model", "llama-3-8b", "--dtype", "bfloat16", "--page-size", "16",
+    "--prefill-tokens", "0,128,512,2048", "--prefill-prefix", "0,1024",
+    "--decode-seqs", "0,1,16,64", "--decode-context", "128,1024",
+    "--repeats", "3", "--warmup", "1",
+)  # fmt: skip
+"""``phasesched profile`` options of the profile section (a 64-point grid on Llama-3-8B shapes)."""
+PYTEST_PATHS = ("tests/executors/flashinfer", "tests/executors/torch/test_executor.py")
+"""Where the GPU tests live: FlashInfer's, and the torch executor's CUDA test (its other test
+modules need optional packages, transformers for one, that a skip would wrongly flag here)."""
+PYTEST_WARNINGS = ("DeprecationWarning", "PendingDeprecationWarning", "FutureWarning", "UserWarning")
+"""Warning categories shown rather than raised: the root pyproject's ``filterwarnings = ["error"]``
+would otherwise fail a test on any library warning of the GPU image (``-W`` takes precedence)."""
+_HEADROOM_BYTES = 6 << 30  # activations, workspace, graph pools and fragmentation beside the KV cache
+
+
+def _free_cuda() -> None:
+    import gc  # noqa: PLC0415
+
+    gc.collect()
+    importlib.import_module("torch").cuda.empty_cache()
+
+
+def kv_pages_that_fit(config: Any, wanted: int, *, page_size: int = 16, dtype_bytes: int = 2) -> int:
+    """``wanted`` KV pages, or fewer when the GPU's free memory (less a headroom) holds fewer."""
+    import torch  # noqa: PLC0415
+
+    page_bytes = config.num_layers * 2 * page_size * config.num_kv_heads * config.head_dim * dtype_bytes
+    free, _ = torch.cuda.mem_get_info()
+    return max(0, min(wanted, (free - _HEADROOM_BYTES) // page_bytes - 1))  # - 1: the executor's scratch page
+
+
+def section_decode_timing(num_pages: int, context: int) -> dict[str, Any]:
+    """One decode step at batch 1/16/64/256 (Llama-3-8B, bf16): attention kernels vs the whole step.
+
+    The eager executor is timed first and freed before the CUDA-graph one is built on the same
+    weights: two caches of 16,640 pages (32.5 GiB each) beside 16 GB of weights would not fit an
+    80 GB H100. The cache is also cut to what the free memory holds; a batch whose pages do not
+    fit then is skipped (and named).
+    """
+    import attrs  # noqa: PLC0415
     import torch  # noqa: PLC0415
 
     from phasesched_flashinfer import FlashInferExecutor  # noqa: PLC0415
+    from phasesched_flashinfer._check import time_decode, time_decode_step  # noqa: PLC0415
     from phasesched_torch import LlamaConfig, LlamaModel  # noqa: PLC0415
 
-    model = LlamaModel.random(LlamaConfig.preset("llama-3-8b"), seed=0, dtype=torch.bfloat16, device="cuda")
-    eager = FlashInferExecutor(model, num_pages=num_pages, page_size=16)
-    graphs = FlashInferExecutor(
-        model, num_pages=num_pages, page_size=16, use_cuda_graph=True, graph_batch_sizes=(1, 16, 64, 256)
-    )
-    return eager, graphs
-
-
-def section_decode_timing(executors: tuple[Any, Any], context: int) -> dict[str, Any]:
-    """One decode step at batch 1/16/64/256 (Llama-3-8B, bf16): attention kernels vs the whole step."""
-    import attrs  # noqa: PLC0415
-
-    from phasesched_flashinfer._check import time_decode  # noqa: PLC0415
-
-    eager, graphs = executors
+    start = time.monotonic()
+    config = LlamaConfig.preset("llama-3-8b")
+    model = LlamaModel.random(config, seed=0, dtype=torch.bfloat16, device="cuda")
+    pages = kv_pages_that_fit(config, num_pages)
+    sizes = tuple(b for b in DECODE_BATCH_SIZES if b * -(-context // 16) <= pages)
+    out: dict[str, Any] = {
+        "model": "llama-3-8b (random bf16 weights, 32 layers)",
+        "context": context,
+        "num_pages": pages,
+        "build_s": round(time.monotonic() - start, 1),
+        "skipped_batch_sizes": [b for b in DECODE_BATCH_SIZES if b not in sizes],
+    }
+    if not sizes:
+        return out | {"passed": False, "error": f"{pages} KV pages fit in GPU memory: not one decode batch"}
+    eager = FlashInferExecutor(model, num_pages=pages, page_size=16)
+    timings = {b: time_decode(eager, batch_size=b, context=context, repeats=20, warmup=5) for b in sizes}
+    del eager
+    _free_cuda()
+    graphs = FlashInferExecutor(model, num_pages=pages, page_size=16, use_cuda_graph=True, graph_batch_sizes=sizes)
     rows = []
-    for batch_size in (1, 16, 64, 256):
-        timing = time_decode(eager, batch_size=batch_size, context=context, repeats=20, warmup=5, graph_executor=graphs)
+    for batch_size in sizes:
+        graph_s = time_decode_step(graphs, batch_size=batch_size, context=context, repeats=20, warmup=5)
+        timing = attrs.evolve(timings[batch_size], graph_step_s=graph_s)
         rows.append(attrs.asdict(timing) | {"attention_fraction": round(timing.attention_fraction, 4)})
-        graph_ms = "-" if timing.graph_step_s is None else f"{timing.graph_step_s * 1e3:.2f}"
         _say(
             f"decode B={batch_size}: step {timing.step_s * 1e3:.2f} ms, attention {timing.attention_s * 1e3:.3f} ms, "
-            f"graphs {graph_ms} ms"
+            f"graphs {graph_s * 1e3:.2f} ms"
         )
-    model = "llama-3-8b (random bf16 weights, 32 layers)"
-    return {"model": model, "context": context, "rows": rows, "passed": True}
+    replays = graphs.graphs.replays if graphs.graphs is not None else 0
+    del graphs, model
+    return out | {"rows": rows, "graph_replays": replays, "passed": replays > 0 and not out["skipped_batch_sizes"]}
 
 
-def section_profile(executor: Any, out_dir: Path, num_pages: int) -> dict[str, Any]:
-    """Step times over a small grid, as the profiled cost model's CSV."""
+def ensure_registered(name: str = "flashinfer") -> str:
+    """Make ``name`` a registered executor; say how it was found.
+
+    run_check.sh puts the sources on ``PYTHONPATH`` (nothing is pip-installed), so no
+    distribution metadata, hence no entry point, exists for the executors: register the
+    FlashInfer factory in-process then, as a notebook would.
+    """
+    from phasesched.registry import EXECUTORS  # noqa: PLC0415
+
+    if name in EXECUTORS:
+        return "found in the registry"
+    from phasesched_flashinfer import create_executor  # noqa: PLC0415
+
+    EXECUTORS.register(name, create_executor)
+    return "registered by check.py (no entry point: the packages are on PYTHONPATH, not installed)"
+
+
+def run_cli(arguments: list[str]) -> tuple[int, str]:
+    """``phasesched ARGUMENTS`` in this process; its exit status and what it printed."""
+    import contextlib  # noqa: PLC0415
+    import io  # noqa: PLC0415
+
+    from phasesched.cli import main as cli_main  # noqa: PLC0415
+
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed), contextlib.redirect_stderr(printed):
+        status = cli_main(arguments)
+    return status, printed.getvalue()
+
+
+def section_profile(
+    out_dir: Path, *, executor: str = "flashinfer", options: tuple[str, ...] = PROFILE_ARGS
+) -> dict[str, Any]:
+    """``phasesched profile --executor flashinfer`` over a small grid: the profiled cost model's CSV."""
     import attrs  # noqa: PLC0415
-    import torch  # noqa: PLC0415
 
-    from phasesched.costmodel.profiled import ProfiledCostModel, write_profile_csv  # noqa: PLC0415
-    from phasesched.costmodel.profiling import ProfileGrid, profile_executor  # noqa: PLC0415
+    from phasesched.costmodel.profiled import ProfiledCostModel, read_profile_csv  # noqa: PLC0415
 
-    grid = ProfileGrid(
-        prefill_tokens=(0, 128, 512, 2048),
-        prefill_prefix=(0, 1024),
-        decode_seqs=(0, 1, 16, 64),
-        decode_context=(128, 1024),
-    )
     start = time.monotonic()
-    vocab_size = executor.model.config.vocab_size
-    points = profile_executor(
-        executor, num_pages=num_pages, page_size=16, grid=grid, repeats=3, warmup=1, vocab_size=vocab_size
-    )
-    metadata = {
-        "model": "llama-3-8b (random weights)",
-        "executor": "flashinfer",
-        "dtype": "bfloat16",
-        "page_size": "16",
-        "device": torch.cuda.get_device_name(0),
-        "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-    }
+    registration = ensure_registered(executor)
     path = out_dir / "profile.csv"
-    write_profile_csv(path, points, metadata)
+    arguments = ["profile", "--executor", executor, "--output", str(path), *options, "--quiet"]
+    status, printed = run_cli(arguments)
+    out: dict[str, Any] = {
+        "command": " ".join(["phasesched", *arguments]),
+        "registration": registration,
+        "returncode": status,
+        "output": printed[-2000:],
+    }
+    if status != 0:
+        return out | {"passed": False, "error": printed.strip().splitlines()[-1] if printed.strip() else "no output"}
+    points, metadata = read_profile_csv(path)
     ProfiledCostModel.from_csv(path)  # the file must read back as a cost model
-    return {
+    return out | {
         "csv": path.name,
-        "grid": attrs.asdict(grid),
+        "metadata": metadata,
         "points": [attrs.asdict(p) for p in points],
         "seconds": round(time.monotonic() - start, 1),
-        "passed": all(p.step_time_s > 0 for p in points if p.prefill_tokens or p.decode_seqs),  # idle steps take 0
+        "passed": bool(points) and all(p.step_time_s > 0 for p in points if p.prefill_tokens or p.decode_seqs),
     }
 
 
-def section_pytest(out_dir: Path, timeout_s: int) -> dict[str, Any]:
+def section_pytest(out_dir: Path, timeout_s: int, paths: tuple[str, ...] = PYTEST_PATHS) -> dict[str, Any]:
     """The GPU tests, as CI would run them, with a JUnit report."""
+    warnings = [arg for category in PYTEST_WARNINGS for arg in ("-W", f"default::{category}")]
     command = [
-        sys.executable, "-m", "pytest", "tests/executors/flashinfer", "-m", "gpu", "-q", "-p", "no:cacheprovider",
+        sys.executable, "-m", "pytest", *paths, "-m", "gpu", "-q", "-p", "no:cacheprovider", *warnings,
         f"--junitxml={out_dir / 'pytest.xml'}",
     ]  # fmt: skip
     try:
@@ -311,7 +386,13 @@ def section_pytest(out_dir: Path, timeout_s: int) -> dict[str, Any]:
     summary = tail.strip().splitlines()[-1] if tail.strip() else ""
     # On the GPU nothing may skip: a skip here means CUDA or flashinfer was not found.
     ran_clean = run.returncode == 0 and re.search(r"\d+ passed", summary) and "skipped" not in summary
-    return {"returncode": run.returncode, "summary": summary, "tail": tail, "passed": bool(ran_clean)}
+    return {
+        "command": " ".join(command[1:]),
+        "returncode": run.returncode,
+        "summary": summary,
+        "tail": tail,
+        "passed": bool(ran_clean),
+    }
 
 
 # --- driver ----------------------------------------------------------------------------------
@@ -339,21 +420,13 @@ def _run_sections(args: argparse.Namespace, report: dict[str, Any], deadline: fl
 
     if "correctness" in args.sections:
         run("correctness", section_correctness)
-    if {"decode_timing", "profile"} & set(args.sections):
-        holder: dict[str, Any] = {}
-
-        def build() -> dict[str, Any]:
-            holder["executors"] = _big_executors(args.num_pages)
-            return {"passed": True, "num_pages": args.num_pages}
-
-        run("build_llama_3_8b", build)
-        if "executors" in holder:
-            if "decode_timing" in args.sections:
-                run("decode_timing", lambda: section_decode_timing(holder["executors"], args.context))
-            if "profile" in args.sections:
-                run("profile", lambda: section_profile(holder["executors"][0], out_dir, args.num_pages))
-            holder.clear()
-            importlib.import_module("torch").cuda.empty_cache()
+        _free_cuda()
+    if "decode_timing" in args.sections:
+        run("decode_timing", lambda: section_decode_timing(args.num_pages, args.context))
+        _free_cuda()
+    if "profile" in args.sections:
+        run("profile", lambda: section_profile(out_dir))
+        _free_cuda()
     if "pytest" in args.sections:
         # Whatever is left before run_check.sh's hard limit, less a margin to write the report.
         remaining = int(args.limit_s - (time.monotonic() - report["_start"]) - 20)
@@ -369,7 +442,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--budget-s", type=float, default=300.0, help="start no section after this many seconds")
     parser.add_argument("--limit-s", type=float, default=420.0, help="the hard limit run_check.sh enforces")
     parser.add_argument(
-        "--num-pages", type=int, default=16640, help="KV pages of each Llama-3-8B executor (2 MiB each)"
+        "--num-pages",
+        type=int,
+        default=16640,
+        help="KV pages of the decode timing's Llama-3-8B executor (2 MiB each; fewer if free memory holds fewer)",
     )
     parser.add_argument("--context", type=int, default=1024, help="KV tokens per slice in the decode timing")
     parser.add_argument(

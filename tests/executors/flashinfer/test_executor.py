@@ -15,6 +15,7 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("phasesched_flashinfer", reason="install executors/flashinfer")
 
+import attrs  # noqa: E402
 import numpy as np  # noqa: E402
 
 import phasesched_flashinfer  # noqa: E402
@@ -28,7 +29,13 @@ from phasesched_flashinfer import (  # noqa: E402
     load_flashinfer,
     step_metadata,
 )
-from phasesched_flashinfer._check import attention_kernel_check, decode_plan, lockstep_compare, time_decode  # noqa: E402
+from phasesched_flashinfer._check import (  # noqa: E402
+    LockstepReport,
+    attention_kernel_check,
+    decode_plan,
+    lockstep_compare,
+    time_decode,
+)
 from phasesched_torch import LlamaModel, PlanNotExecutableError, TorchExecutor, UnsupportedConfigError  # noqa: E402
 from tests.executors.flashinfer import fake_flashinfer  # noqa: E402
 from tests.executors.flashinfer.helpers import (  # noqa: E402
@@ -135,7 +142,7 @@ class TestValidation:
         executor = fake_executor(LlamaModel.random(CPU_MODEL, dtype=torch.bfloat16), num_pages=8, page_size=4)
         assert executor.scratch_page == 8
         assert executor.kv_cache[0].shape[0] == 9
-        with pytest.raises(PlanNotExecutableError, match="outside the cache's 8 pages"):
+        with pytest.raises(PlanNotExecutableError, match=r"\(kv_indices\[0\]=8\), outside the cache's 8 pages"):
             executor.execute(synthetic_plan([0], [3], [[8]], page_size=4))
         assert isinstance(PlanNotExecutableError("x"), InvalidPlanError)
 
@@ -159,6 +166,34 @@ class TestValidation:
             create_executor(model="tiny", device="cpu")
         with pytest.raises(FlashInferUnavailableError, match="needs a CUDA device"):
             create_executor()
+
+    @pytest.mark.parametrize(
+        ("jit_env", "explicit", "expected"),
+        [
+            (None, None, False),  # 2 query heads per kv head: FlashInfer's CUDA-core decode
+            ("0", None, False),
+            ("1", None, True),  # JIT disabled (the offline bundle): tensor cores, whose module is prebuilt
+            ("1", False, False),  # an explicit choice stands
+            (None, True, True),
+        ],
+    )
+    def test_decode_kernel_with_jit_disabled(
+        self, monkeypatch: pytest.MonkeyPatch, jit_env: str | None, explicit: bool | None, expected: bool
+    ) -> None:
+        """A small GQA group decodes on tensor cores when JIT is off: the bundle has no CUDA-core decode module."""
+        if jit_env is None:
+            monkeypatch.delenv("FLASHINFER_DISABLE_JIT", raising=False)
+        else:
+            monkeypatch.setenv("FLASHINFER_DISABLE_JIT", jit_env)
+        config = attrs.evolve(CPU_MODEL, num_heads=4, num_kv_heads=2)
+        executor = fake_executor(
+            LlamaModel.random(config, dtype=torch.bfloat16), num_pages=8, page_size=4, decode_tensor_cores=explicit
+        )
+        assert executor.backend.decode_tensor_cores is expected
+        assert executor.backend.decode.use_tensor_cores is expected  # type: ignore[attr-defined]  # the fake's
+        fake_flashinfer.CALLS.clear()
+        executor.execute(synthetic_plan([5, 6], [1, 1], [[0, 1], [2, 3]], page_size=4))
+        assert fake_flashinfer.CALLS["decode.run"] == config.num_layers
 
     @pytest.mark.skipif(FLASHINFER_IMPORTABLE, reason="flashinfer is installed here")
     def test_missing_flashinfer_is_a_clear_error(self) -> None:
@@ -218,6 +253,36 @@ class TestHarness:
         )
         assert not report.passed
         assert report.unexplained_mismatches > 0
+
+    def test_lockstep_report_counts_near_ties(self) -> None:
+        """A token may differ only where the reference's top-two margin is within tie_margin; both are counted."""
+        from phasesched import StepResult  # noqa: PLC0415
+        from phasesched_torch import StepLogits  # noqa: PLC0415
+
+        plan = synthetic_plan([5, 6, 7], [1, 1, 1], [[0, 1], [2, 3], [4, 5]], page_size=4)
+        ids = ("s0", "s1", "s2")
+        # Row 0: a near tie (margin 0.01 of the scale 1.0 <= 0.02), tokens differ: allowed.
+        # Row 1: a near tie whose tokens agree. Row 2: a clear winner (margin 0.5), tokens differ.
+        ref = torch.tensor([[1.0, 0.99, 0.0], [1.0, 0.995, 0.0], [1.0, 0.5, 0.0]])
+        report = LockstepReport(rel_tol=1e-2)
+        assert report.tie_margin == pytest.approx(2e-2)
+        report.add(
+            plan,
+            StepLogits(0, ids, ref),
+            StepLogits(0, ids, ref.clone()),
+            (StepResult(0, np.array([0, 0, 0])), StepResult(0, np.array([1, 0, 0]))),
+        )
+        assert (report.sampled_tokens, report.near_ties, report.token_mismatches) == (3, 2, 1)
+        assert (report.near_tie_mismatches, report.unexplained_mismatches) == (1, 0)
+        assert report.passed
+        report.add(
+            plan,
+            StepLogits(0, ids, ref),
+            StepLogits(0, ids, ref.clone()),
+            (StepResult(0, np.array([0, 0, 0])), StepResult(0, np.array([0, 0, 1]))),
+        )
+        assert (report.token_mismatches, report.near_tie_mismatches, report.unexplained_mismatches) == (2, 1, 1)
+        assert not report.passed
 
     def test_attention_kernel_check(self) -> None:
         """The kernel comparison runs both wrappers on its batches (the stand-in is the reference)."""

@@ -43,7 +43,10 @@ class TestBadPlans:
         executor = create_executor(model="tiny", num_pages=8, page_size=4)
         before = [c.clone() for c in executor.kv_cache]
         plan = synthetic_plan([0, 0], [3, 6], [[1], [2, page]], page_size=4)
-        message = rf"slice 1 \(request 's1'\) references KV page {page}"
+        message = (
+            rf"slice 1 \(request 's1'\) references KV page {page} \(kv_indices\[2\]={page}\), "
+            r"outside the cache's 8 pages \(ids 0\.\.7\)"
+        )
         with pytest.raises(PlanNotExecutableError, match=message) as info:
             executor.execute(plan)
         assert isinstance(info.value, InvalidPlanError)

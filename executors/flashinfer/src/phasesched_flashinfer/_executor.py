@@ -10,6 +10,7 @@ by default until measured on the target GPU).
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping, Sequence
 from os import PathLike
 from typing import Any
@@ -31,6 +32,7 @@ __all__ = [
     "FlashInferExecutor",
     "check_model",
     "create_executor",
+    "jit_disabled",
 ]
 
 SUPPORTED_DTYPES = (torch.bfloat16, torch.float16)
@@ -40,6 +42,14 @@ SUPPORTED_HEAD_DIMS = (64, 128, 256)
 DEFAULT_GRAPH_BATCH_SIZES = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 """Decode batch sizes captured when CUDA graphs are on; a step pads up to the next one."""
 _GQA_TENSOR_CORE_GROUP = 4
+
+
+def jit_disabled() -> bool:
+    """Whether ``FLASHINFER_DISABLE_JIT`` forbids FlashInfer to compile kernels (only prebuilt ones load).
+
+    Any value but empty, ``0``, ``false``, ``no`` or ``off`` counts; the offline GPU check sets ``1``.
+    """
+    return os.environ.get("FLASHINFER_DISABLE_JIT", "").strip().lower() not in {"", "0", "false", "no", "off"}
 
 
 def check_model(model: LlamaModel, *, needs_cuda: bool) -> None:
@@ -85,7 +95,9 @@ class FlashInferExecutor(TorchExecutor):
         use_cuda_graph: Capture decode-only steps at ``graph_batch_sizes`` (at construction).
         graph_batch_sizes: Increasing bucket sizes for the graphs.
         decode_tensor_cores: Decode on the tensor-core kernel; ``None``: from 4 query heads per
-            kv head, as FlashInfer recommends.
+            kv head, as FlashInfer recommends, and always when FlashInfer's JIT is disabled
+            (see :func:`jit_disabled`; the offline bundle has no CUDA-core decode module).
+            ``False`` with JIT disabled needs that module prebuilt.
 
     Attributes:
         backend: Plans each step's attention; ``backend.path_counts`` counts eager steps by path.
@@ -119,7 +131,11 @@ class FlashInferExecutor(TorchExecutor):
         super().__init__(model, num_pages=num_pages + 1, page_size=page_size, seed=seed)
         self.num_pages = num_pages
         self.scratch_page = num_pages
-        tensor_cores = model.config.group_size >= _GQA_TENSOR_CORE_GROUP
+        if decode_tensor_cores is None:
+            # NOTE: with JIT disabled only prebuilt modules load. The offline bundle prebuilds the
+            # fa2 prefill module, which tensor-core decode also runs, but not the CUDA-core decode
+            # module, so small GQA groups would otherwise fail at their first decode step.
+            decode_tensor_cores = jit_disabled() or model.config.group_size >= _GQA_TENSOR_CORE_GROUP
         self.backend = FlashInferBackend(
             kernels,
             model.config,
@@ -127,7 +143,7 @@ class FlashInferExecutor(TorchExecutor):
             device=model.device,
             dtype=model.dtype,
             workspace_bytes=workspace_bytes,
-            decode_tensor_cores=tensor_cores if decode_tensor_cores is None else decode_tensor_cores,
+            decode_tensor_cores=decode_tensor_cores,
         )
         self.graphs: DecodeGraphs | None = None
         if use_cuda_graph:

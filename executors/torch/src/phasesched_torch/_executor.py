@@ -118,7 +118,8 @@ class TorchExecutor:
         sampled tokens on the host (after ``torch.cuda.synchronize`` on CUDA).
 
         Returns:
-            The result: int32 ``token_ids`` ``[B]``, -1 for slices that do not sample.
+            The step's result, whose int32 ``token_ids`` ``[B]`` hold -1 for slices that do not
+            sample.
 
         Raises:
             PlanNotExecutableError: The plan cannot run on this executor; nothing ran.
@@ -173,9 +174,10 @@ class TorchExecutor:
         if len(bad):
             j = int(bad[0])
             s = int(np.searchsorted(plan.kv_indptr, j, side="right")) - 1
+            page = int(pages[j])
             msg = (
-                f"plan {plan.step_id}: slice {s} (request {plan.request_ids[s]!r}) references KV page "
-                f"{int(pages[j])}, outside the cache's {self.num_pages} pages"
+                f"plan {plan.step_id}: slice {s} (request {plan.request_ids[s]!r}) references KV page {page} "
+                f"(kv_indices[{j}]={page}), outside the cache's {self.num_pages} pages (ids 0..{self.num_pages - 1})"
             )
             raise PlanNotExecutableError(msg)
         vocab = self.model.config.vocab_size
@@ -203,8 +205,8 @@ class TorchExecutor:
         """Derive the step's device tensors from a checked, non-empty plan (once per step).
 
         Returns:
-            Inputs every layer reads: token ids, the step's :class:`TorchAttention` (RoPE
-            angles, KV write slots, the attention plan) and the rows to sample.
+            The inputs every layer reads (token ids, the step's :class:`TorchAttention` with
+            RoPE angles, KV write slots and the attention plan, and the rows to sample).
 
         """
         assert plan.input_ids is not None

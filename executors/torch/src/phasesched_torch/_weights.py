@@ -221,7 +221,7 @@ def random_weights(
 def load_safetensors(path: str | PathLike[str]) -> dict[str, torch.Tensor]:
     """Read a safetensors checkpoint: one file, or a directory of ``*.safetensors`` shards.
 
-    Tensors are loaded on the CPU; :func:`weights_from_state_dict` moves them.
+    Tensors are loaded on the CPU; :meth:`LlamaModel.from_state_dict` moves them to the model's device.
 
     Raises:
         FileNotFoundError: The path does not exist or the directory holds no shard.

@@ -1,0 +1,86 @@
+"""benchmarks/sim_fidelity.py's reporting: the request rows, run-level TTFT and ITL percentiles included."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import attrs
+import numpy as np
+import pytest
+
+pytest.importorskip("torch")
+
+from phasesched.costmodel import RooflineCostModel
+from phasesched.metrics.summary import RunMetrics
+
+BENCHMARK = Path(__file__).resolve().parents[3] / "benchmarks" / "sim_fidelity.py"
+
+
+@pytest.fixture(scope="module")
+def bench() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("sim_fidelity_under_test", BENCHMARK)
+    assert spec is not None
+    assert spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # attrs classes resolve their module by name
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="module")
+def two_runs(bench: ModuleType) -> tuple[RunMetrics, RunMetrics]:
+    """Two simulations of a small mixed workload, the second with a 1 ms slower step."""
+    setup = bench.Setup(num_short=6, num_long=1, short_prompt=(32, 64), long_prompt=(300, 400), output=(4, 8))
+    roofline = RooflineCostModel.from_names("H200", "llama-3-8b")
+    slower = attrs.evolve(roofline, step_overhead_s=roofline.step_overhead_s + 1e-3)
+    workload = setup.workload()
+    return bench.run_sim(setup, workload, roofline).metrics, bench.run_sim(setup, workload, slower).metrics
+
+
+class TestRequestErrors:
+    def test_rows_and_order(self, bench: ModuleType, two_runs: tuple[RunMetrics, RunMetrics]) -> None:
+        """Per-request TTFT and TPOT, and run-level TTFT and ITL p50/p99, TTFT rows first."""
+        errors = bench.request_errors(*two_runs)
+        assert list(errors) == [
+            "TTFT per request",
+            "TTFT p50 (run)",
+            "TTFT p99 (run)",
+            "mean ITL per request (TPOT)",
+            "ITL p50 (run)",
+            "ITL p99 (run)",
+        ]
+        assert len(errors["TTFT per request"]) == 7
+        assert all(len(errors[k]) == 1 for k in errors if k.endswith("(run)"))
+
+    @pytest.mark.parametrize(("row", "key"), [("TTFT p50 (run)", "median_ttft_ms"), ("TTFT p99 (run)", "p99_ttft_ms")])
+    def test_run_level_ttft(
+        self, bench: ModuleType, two_runs: tuple[RunMetrics, RunMetrics], row: str, key: str
+    ) -> None:
+        """A run-level TTFT row is ``|other - real| / real`` of that percentile, and a slower run shows an error."""
+        real, other = two_runs
+        (error,) = bench.request_errors(real, other)[row]
+        assert error == pytest.approx(abs(other[key] - real[key]) / real[key])
+        assert error > 0
+
+    def test_identical_runs_have_no_error(self, bench: ModuleType, two_runs: tuple[RunMetrics, RunMetrics]) -> None:
+        """A run compared with itself has zero error in every row."""
+        for errors in bench.request_errors(two_runs[0], two_runs[0]).values():
+            np.testing.assert_array_equal(errors, 0.0)
+
+
+def test_table_prints_the_ttft_percentile_rows(bench: ModuleType, capsys: pytest.CaptureFixture[str]) -> None:
+    """The table keeps one aligned line per row; a run-level row shows no p90 (a single sample)."""
+    rows = [
+        bench.ErrorRow("TTFT per request", 40, 0.05, 0.12, 0.06, 0.03),
+        bench.ErrorRow("TTFT p50 (run)", 1, 0.04, run_b=0.05, floor=0.02),
+        bench.ErrorRow("TTFT p99 (run)", 1, 0.2, run_b=0.1, floor=0.08),
+    ]
+    bench.print_table(rows)
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[2].startswith("TTFT per request")
+    assert lines[3].split() == ["TTFT", "p50", "(run)", "1", "4.0%", "-", "5.0%", "2.0%", "pass", "(target", "10%)"]
+    assert lines[4].split()[-3] == "FAIL"
+    assert len({len(line.split("  pass")[0].split("  FAIL")[0]) for line in lines[2:5]}) == 1
