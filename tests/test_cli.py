@@ -20,7 +20,11 @@ from phasesched.sim import load_trace, synthetic, trace_stats, write_trace
 from phasesched.sim.arrivals import Poisson
 from phasesched.sim.lengths import Uniform
 
-TRACES = Path("/work/shared/traces")
+REPO = Path(__file__).resolve().parents[1]
+# The repository carries copies of the shared traces (as tests/sim/test_traces.py finds them).
+TRACES = next(
+    (p for p in (REPO / "data" / "traces", REPO.parent / "shared" / "traces") if p.is_dir()), REPO / "data" / "traces"
+)
 PNG = b"\x89PNG\r\n\x1a\n"
 needs_plots = pytest.mark.skipif(importlib.util.find_spec("matplotlib") is None, reason="matplotlib not installed")
 
@@ -270,7 +274,7 @@ class TestBench:
 
 
 class TestTraceStats:
-    @pytest.mark.skipif(not TRACES.is_dir(), reason="/work/shared/traces is absent")
+    @pytest.mark.skipif(not TRACES.is_dir(), reason="data/traces is absent")
     @pytest.mark.parametrize(
         ("name", "rows"),
         [
@@ -399,6 +403,55 @@ def test_policies_lists_the_presets(capsys):
     out = capsys.readouterr().out
     for name in POLICIES.names():
         assert name in out
+    assert "`" not in out  # docstring markup (":func:`orca`", "``sjf``") is shown as plain text
+    assert ":func:" not in out
+    assert "Alias of orca" in out
+
+
+class TestBenchWithoutExtras:
+    def test_without_matplotlib_or_rich_warns_and_writes_results(self, tmp_path, capsys, monkeypatch):
+        """Without the [bench] extra, bench warns, draws no figures, and still writes results.json and tables."""
+        for module in ("matplotlib", "matplotlib.figure", "rich", "rich.console"):
+            monkeypatch.setitem(sys.modules, module, None)  # importing them now raises ImportError
+        assert main(["bench", "mixed", "--quick", "--output", str(tmp_path)]) == 0
+        captured = capsys.readouterr()
+        assert "warning" in captured.err
+        assert "matplotlib" in captured.err
+        data = results(tmp_path)
+        assert data["figures"] == []
+        assert data["experiments"]["mixed_load"]["rows"]
+        assert not list(tmp_path.glob("*.png"))
+        assert "Mixed load" in captured.out  # the plain-text table
+        assert "Verdict:" in captured.out
+
+
+MOONCAKE = TRACES / "conversation_trace.jsonl"
+
+
+@pytest.mark.skipif(not MOONCAKE.is_file(), reason="data/traces is absent")
+class TestReplayOfMooncake:
+    ARGV = (
+        *("bench", "replay", "--hardware", "H100-SXM", "--model", "llama-3-70b", "--tp", "2"),
+        *("--trace", str(MOONCAKE), "--limit", "30", "--policy", "vllm", "--no-plots", "--quiet"),
+    )
+
+    def test_unservable_requests_fail_and_the_replay_goes_on(self, tmp_path):
+        """Prompts too big for 2 x H100's KV are counted as failed, with the reason; the rest complete."""
+        assert main([*self.ARGV, "--output", str(tmp_path)]) == 0
+        row = results(tmp_path)["experiments"]["replay"]["rows"][0]
+        assert row["failed"] > 0
+        assert row["completed"] > 0
+        assert row["completed"] + row["failed"] == 30
+        assert "rejected" in row["errors"][0]
+
+    def test_spread_ticks(self, tmp_path):
+        """--spread-ticks spreads Mooncake's shared timestamps: recorded in settings, and the latencies change."""
+        assert main([*self.ARGV, "--output", str(tmp_path / "together")]) == 0
+        assert main([*self.ARGV, "--spread-ticks", "--output", str(tmp_path / "spread")]) == 0
+        together, spread = results(tmp_path / "together"), results(tmp_path / "spread")
+        assert (together["settings"]["spread_ticks"], spread["settings"]["spread_ticks"]) == (False, True)
+        ttft = [r["experiments"]["replay"]["rows"][0]["mean_ttft_ms"] for r in (together, spread)]
+        assert ttft[0] != ttft[1]
 
 
 @pytest.mark.slow

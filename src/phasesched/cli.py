@@ -21,6 +21,7 @@ import argparse
 import ast
 import inspect
 import json
+import re
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -37,7 +38,7 @@ from phasesched.errors import PhaseschedError
 from phasesched.experiments.context import ExperimentContext, ExperimentResult, jsonable
 from phasesched.experiments.mixed_load import MixedLoadResult, Verdict
 from phasesched.experiments.suite import SuiteOptions, run_experiment, suite_names
-from phasesched.report import TerminalUI, require_plotting, write_figures, write_results_json
+from phasesched.report import MissingExtraError, TerminalUI, require_plotting, write_figures, write_results_json
 from phasesched.sim.deployment import Deployment
 from phasesched.sim.trace_stats import trace_stats
 from phasesched.sim.traces import load_trace
@@ -154,12 +155,21 @@ def _add_bench(commands: Any) -> None:
     bench.add_argument("--trace", type=Path, metavar="FILE", help="a trace to replay (azure, mooncake, csv, jsonl)")
     bench.add_argument("--rate", type=_positive(float), help="req/s: the replay's rate and the phase split's")
     bench.add_argument("--limit", type=_positive(int), metavar="N", help="replay only the first N requests")
+    bench.add_argument(
+        "--spread-ticks",
+        action="store_true",
+        help="spread trace requests that share a timestamp over the gap to the next (Mooncake's 3 s grid)",
+    )
     bench.add_argument("--seed", type=int, default=0, help="seed of every random workload (default 0)")
     bench.add_argument("--output", type=Path, metavar="DIR", help="output folder (default bench-results/<timestamp>)")
     bench.add_argument(
         "--quick", action="store_true", help="tiny sizes, for smoke tests (a replay serves 64 requests unless --limit)"
     )
-    bench.add_argument("--no-plots", action="store_true", help="write no PNG figures (matplotlib not needed)")
+    bench.add_argument(
+        "--no-plots",
+        action="store_true",
+        help="write no PNG figures (without matplotlib they are left out anyway, with a warning)",
+    )
     bench.add_argument("--quiet", action="store_true", help="no progress bar or tables; only the verdict and paths")
     bench.set_defaults(handler=_bench, subparser=bench)
 
@@ -221,8 +231,7 @@ def _bench(args: argparse.Namespace) -> int:
     policies = tuple(name for group in args.policy or () for name in group)
     context = ExperimentContext(_deployment(args), policies, args.seed)
     context.check_policies()  # everything that can fail on bad input fails before the first run
-    if not args.no_plots:
-        require_plotting()
+    plots = _can_plot(args.no_plots)
     options = _suite_options(args)
     names = suite_names(args.experiment, options)
     out_dir = args.output or _RESULTS_ROOT / datetime.now().astimezone().strftime("%Y%m%d-%H%M%S")
@@ -234,7 +243,7 @@ def _bench(args: argparse.Namespace) -> int:
         for name in names:
             results.append(run_experiment(name, context, options))
             ui.table(results[-1])
-    figures = [] if args.no_plots else write_figures(results, out_dir)
+    figures = write_figures(results, out_dir) if plots else []
     wall_s = time.perf_counter() - started
     verdict = next((r.verdict() for r in results if isinstance(r, MixedLoadResult)), None)
     payload = _payload(args, context, results, verdict=verdict, figures=figures, wall_s=wall_s)
@@ -243,9 +252,21 @@ def _bench(args: argparse.Namespace) -> int:
     return 0
 
 
+def _can_plot(no_plots: bool) -> bool:
+    """Whether to draw figures: without matplotlib, warn and go on, since results.json is the main output."""
+    if no_plots:
+        return False
+    try:
+        require_plotting()
+    except MissingExtraError as error:
+        print(f"phasesched: warning: {error}; writing results.json without figures", file=sys.stderr)  # noqa: T201
+        return False
+    return True
+
+
 def _suite_options(args: argparse.Namespace) -> SuiteOptions:
     """What the suite needs beyond the context; the trace is read (and checked) before anything runs."""
-    trace = load_trace(args.trace) if args.trace is not None else None
+    trace = load_trace(args.trace, spread_ticks=args.spread_ticks) if args.trace is not None else None
     return SuiteOptions(quick=args.quick, rate=args.rate, trace=trace, limit=args.limit)
 
 
@@ -285,6 +306,7 @@ def _payload(  # noqa: PLR0913 -- the parts of one results file
             "rate": args.rate,
             "trace": str(args.trace) if args.trace else None,
             "limit": args.limit,
+            "spread_ticks": args.spread_ticks,
         },
         "experiments": {r.name: {**r.to_dict(), "wall_s": r.wall_s} for r in results},
         "verdict": verdict.to_dict() if verdict is not None else None,
@@ -313,8 +335,29 @@ def _trace_stats(args: argparse.Namespace) -> int:
 def _policies(args: argparse.Namespace) -> int:  # noqa: ARG001 -- every handler takes the namespace
     for name in POLICIES.names():
         doc = inspect.getdoc(POLICIES.get(name)) or ""
-        print(f"{name:24s} {doc.splitlines()[0] if doc else ''}")  # noqa: T201 -- the command's output
+        print(f"{name:24s} {_plain_text(doc.splitlines()[0]) if doc else ''}")  # noqa: T201 -- the command's output
     return 0
+
+
+_ROLE = re.compile(r":(?:[\w-]+:)+`([^`]*)`")
+
+
+def _role_text(match: re.Match[str]) -> str:
+    """What Sphinx shows for a role: its title, or its target (only the last name after ``~``)."""
+    target = match.group(1).lstrip("!")
+    title, sep, _ = target.partition(" <")
+    if sep:
+        return title
+    return target[1:].rsplit(".", 1)[-1] if target.startswith("~") else target
+
+
+def _plain_text(text: str) -> str:
+    """Docstring markup as a terminal shows it: ``:func:`~a.b``` as ``b``, literals without backticks.
+
+    >>> _plain_text("Alias of :func:`orca`; see :class:`~phasesched.Scheduler` and ``sjf``.")
+    'Alias of orca; see Scheduler and sjf.'
+    """
+    return _ROLE.sub(_role_text, text).replace("``", "").replace("`", "")
 
 
 # ------------------------------------------------------------------------------------ profile

@@ -75,6 +75,16 @@ class TestPhaseSplit:
         assert [r["label"] for r in result.rows] == ["vllm 1P:1D", "sarathi 1P:1D"]
         assert set(result.budgets_ms) == {"vllm 1P:1D", "sarathi 1P:1D"}
 
+    def test_link_latency_adds_to_every_transfer(self):
+        """link_latency_s reaches the KV link: each transfer, and so the mean, takes that much longer."""
+        config = attrs.evolve(PhaseSplitConfig.quick(), ratios=((1, 1),), aggregated=False, num_requests=8)
+        result = run_phase_split(ExperimentContext(), config)
+        base = result.rows[0]
+        slow = run_phase_split(ExperimentContext(), attrs.evolve(config, link_latency_s=0.05)).rows[0]
+        assert slow["mean_transfer_ms"] - base["mean_transfer_ms"] == pytest.approx(50.0 - 0.02, rel=1e-6)
+        assert (base["failed"], slow["failed"]) == (0, 0)
+        assert result.to_dict()["config"]["link_latency_s"] == 20e-6
+
 
 class TestGrid:
     def test_cells_and_request_counts(self):

@@ -144,6 +144,130 @@ class TestDisaggregation:
         assert max(r.budget.first_decode_s for r in result.metrics.requests) > 0.05
 
 
+class TestFailedRequests:
+    """Requests the scheduler rejects are counted as failed, like ``vllm bench serve``'s, and the run goes on."""
+
+    def test_unservable_request_fails_and_the_run_goes_on(self) -> None:
+        """A prompt over max_model_len fails; the others complete and their totals leave it out."""
+        workload = Workload("w", arrival_s=[0.0, 0.1, 0.2], prompt_len=[500, 5000, 700], output_len=[10, 10, 10])
+        calls: list[tuple[int, int]] = []
+        result = simulate(
+            workload,
+            load_policy("vllm"),
+            Deployment(max_model_len=2048),
+            progress=lambda done, total: calls.append((done, total)),
+        )
+        assert (result.metrics["completed"], result.metrics["failed"]) == (2, 1)
+        assert result.metrics["total_input_tokens"] == 1200
+        assert len(result.metrics.errors) == 1
+        assert "'r1'" in result.metrics.errors[0]
+        assert "max_model_len" in result.metrics.errors[0]
+        assert result.to_dict()["failed"] == 1
+        assert result.to_dict()["errors"] == list(result.metrics.errors)
+        assert calls[-1] == (3, 3)
+
+    def test_no_failures(self) -> None:
+        """A run whose requests all fit reports zero failed and no errors."""
+        result = simulate(fixed(4, 256, 8), load_policy("vllm"))
+        assert result.metrics["failed"] == 0
+        assert result.metrics.errors == ()
+
+    def test_errors_kept_are_bounded(self) -> None:
+        """Every failure is counted; only the first messages are kept, so memory stays flat."""
+        workload = fixed(40, 4096, 4)
+        result = simulate(workload, load_policy("vllm"), Deployment(max_model_len=2048))
+        assert (result.metrics["completed"], result.metrics["failed"]) == (0, 40)
+        assert len(result.metrics.errors) == 10
+        assert result.metrics["duration"] == 0.0
+
+    def test_closed_loop_sends_the_next_request_after_a_rejection(self) -> None:
+        """In a closed loop a rejected request counts as done, so its client goes on to the next."""
+        loop = ClosedLoop(2, 30, prompt=Uniform(100, 4000), output=8, seed=3)
+        result = simulate(loop, load_policy("vllm"), Deployment(max_model_len=2048))
+        failed = result.metrics["failed"]
+        assert 0 < failed < 30
+        assert result.metrics["completed"] + failed == 30
+
+    def test_rejection_by_the_decode_pool(self) -> None:
+        """A prompt that prefills but whose output cannot fit a decode worker fails at delivery."""
+        deployment = Deployment(num_pages=128)  # 2048 tokens of KV per worker
+        workload = Workload("w", arrival_s=[0.0, 0.0], prompt_len=[1500, 300], output_len=[1000, 20])
+        simulator = Simulator(workload, load_policy("vllm"), deployment, disaggregation=Disaggregation(1, 1))
+        result = simulator.run()
+        assert (result.metrics["completed"], result.metrics["failed"]) == (1, 1)
+        assert "'r0'" in result.metrics.errors[0]
+        assert all(w.scheduler.kv.num_used_pages == 0 for w in simulator.workers)
+
+
+class TestDisaggregatedKVHold:
+    """The prefill worker keeps a request's KV until a decode worker admits it."""
+
+    def test_prefill_worker_holds_kv_while_it_crosses_the_link(self) -> None:
+        """When a transfer's last byte has moved, the prefill worker still holds the prompt's pages."""
+        deployment = Deployment(num_pages=2000)
+        simulator = Simulator(fixed(1, 4000, 4), load_policy("vllm"), deployment, disaggregation=Disaggregation(1, 1))
+        prefill = simulator.workers[0]
+        held: list[int] = []
+
+        class WatchedLink(KVLink):
+            def pop_done(self, now: float) -> list[tuple[str, float]]:
+                held.append(prefill.scheduler.kv.num_used_pages)
+                return super().pop_done(now)
+
+        simulator.link = WatchedLink(50e9, 20e-6)
+        simulator.run()
+        assert held
+        assert held == [prefill.scheduler.kv.pages_for(4000)] * len(held)
+        assert prefill.scheduler.kv.num_used_pages == 0  # let go once the decode worker admitted it
+
+    def queue_of_second(self, bandwidth_gbs: float) -> tuple[float, float]:
+        """Two 1500-token prompts at once on a prefill worker with room for one: (its queue, the first's transfer)."""
+        deployment = Deployment(num_pages=150)  # 94 pages each: one at a time
+        result = simulate(
+            fixed(2, 1500, 8),
+            load_policy("vllm"),
+            deployment,
+            disaggregation=Disaggregation(1, 1, bandwidth_gbs),
+            keep_requests=True,
+        )
+        assert result.metrics["completed"] == 2
+        assert result.metrics.requests is not None
+        first, second = sorted(result.metrics.requests, key=lambda r: r.request_id)
+        return second.budget.queue_s, first.budget.transfer_s
+
+    def test_slow_link_throttles_prefill_admission(self) -> None:
+        """The second prompt waits for the first's pages, which a slow link keeps on the prefill worker."""
+        fast_queue, _ = self.queue_of_second(450.0)
+        slow_queue, slow_transfer = self.queue_of_second(0.2)
+        assert slow_transfer > 0.5
+        assert slow_queue > slow_transfer
+        assert fast_queue < 0.5 * slow_transfer
+
+
+class TestRouting:
+    def test_decode_router_prefers_a_worker_with_room(self) -> None:
+        """With loads tied, a transferred request goes to the decode worker that has KV room for it."""
+        deployment = Deployment(num_pages=300)  # 4800 tokens per worker
+        workload = Workload(
+            "w", arrival_s=[0.0, 0.2, 0.4], prompt_len=[4000, 100, 1000], output_len=[400, 400, 20]
+        )  # r0 nearly fills decode worker 0; r1 goes to idle worker 1; r2 fits only beside r1
+        result = simulate(
+            workload, load_policy("vllm"), deployment, disaggregation=Disaggregation(1, 2), keep_requests=True
+        )
+        assert result.metrics.requests is not None
+        third = next(r for r in result.metrics.requests if r.request_id == "r2")
+        assert third.budget.first_decode_s < 0.05  # not queued behind r0's 400 decode steps
+
+    def test_aggregated_router_prefers_a_replica_with_room(self) -> None:
+        """Replicas tied on requests: the one with KV room for the prompt takes it."""
+        deployment = Deployment(num_pages=300)
+        workload = Workload("w", arrival_s=[0.0, 0.0, 0.3], prompt_len=[4000, 100, 1000], output_len=[400, 400, 20])
+        result = simulate(workload, load_policy("vllm"), deployment, replicas=2, keep_requests=True)
+        assert result.metrics.requests is not None
+        third = next(r for r in result.metrics.requests if r.request_id == "r2")
+        assert third.budget.queue_s < 0.05
+
+
 class TestSimulator:
     def test_deterministic(self) -> None:
         """The same inputs give exactly the same results."""
@@ -207,7 +331,10 @@ def scenarios(draw: st.DrawFn) -> dict[str, object]:
     options: dict[str, object] = {
         "workload": workload,
         "policy": policy,
-        "deployment": Deployment(num_pages=draw(st.sampled_from([700, 5000]))),
+        # A 4096-token context rejects some prompts: failed requests must not change the equivalence.
+        "deployment": Deployment(
+            num_pages=draw(st.sampled_from([700, 5000])), max_model_len=draw(st.sampled_from([32768, 4096]))
+        ),
     }
     if draw(st.booleans()):
         options["disaggregation"] = Disaggregation(draw(st.integers(1, 2)), draw(st.integers(1, 2)))

@@ -39,6 +39,8 @@ class PhaseSplitConfig:
         output_median: Median output (log-normal, sigma 0.6, clipped to 8..1024).
         ratios: ``(prefill workers, decode workers)`` compared.
         link_bandwidth_gbs: KV link bandwidth between the pools.
+        link_latency_s: Fixed latency of every KV transfer (20 us: an RDMA write across a
+            switch; raise it to model a slower fabric or a connector's handshake).
         ttft_slo_s: Goodput's TTFT target.
         tpot_slo_s: Goodput's TPOT target.
         aggregated: Also run aggregated replicas with each ratio's GPU count.
@@ -50,6 +52,7 @@ class PhaseSplitConfig:
     output_median: int = attrs.field(default=256, validator=attrs.validators.gt(0))
     ratios: tuple[tuple[int, int], ...] = attrs.field(default=((1, 1), (1, 2), (1, 3), (2, 2)), converter=_ratios)
     link_bandwidth_gbs: float = attrs.field(default=50.0, validator=attrs.validators.gt(0.0))
+    link_latency_s: float = attrs.field(default=20e-6, validator=attrs.validators.ge(0.0))
     ttft_slo_s: float = attrs.field(default=1.0, validator=attrs.validators.gt(0.0))
     tpot_slo_s: float = attrs.field(default=0.025, validator=attrs.validators.gt(0.0))
     aggregated: bool = True
@@ -122,7 +125,8 @@ class _Layout:
 
 
 def _layouts(config: PhaseSplitConfig) -> list[_Layout]:
-    out = [_Layout(f"{p}P:{d}D", p + d, 1, Disaggregation(p, d, config.link_bandwidth_gbs)) for p, d in config.ratios]
+    link = (config.link_bandwidth_gbs, config.link_latency_s)
+    out = [_Layout(f"{p}P:{d}D", p + d, 1, Disaggregation(p, d, *link)) for p, d in config.ratios]
     if config.aggregated:
         out += [_Layout(f"{n} replicas", n, n, None) for n in sorted({p + d for p, d in config.ratios})]
     return out
@@ -138,6 +142,7 @@ def _row(policy: str, layout: _Layout, gpus: int, metrics: RunMetrics) -> Row:
         "decode_workers": None if d is None else d.decode_workers,
         "gpus": gpus,
         "completed": metrics["completed"],
+        "failed": metrics["failed"],
         "mean_ttft_ms": metrics["mean_ttft_ms"],
         "p99_ttft_ms": metrics["p99_ttft_ms"],
         "mean_transfer_ms": metrics["mean_transfer_ms"],

@@ -83,6 +83,7 @@ class ReplayResult:
         return (
             Column("policy", "policy"),
             Column("completed", "done", ",d"),
+            Column("failed", "failed", ",d"),
             Column("mean_ttft_ms", "mean TTFT ms"),
             Column("p99_ttft_ms", "p99 TTFT ms"),
             Column("median_itl_ms", "median ITL ms", ",.2f"),
@@ -161,6 +162,8 @@ def run_replay(context: ExperimentContext, config: ReplayConfig) -> ReplayResult
             {
                 "policy": name,
                 "completed": metrics["completed"],
+                "failed": metrics["failed"],
+                "errors": list(metrics.errors),
                 "mean_ttft_ms": metrics["mean_ttft_ms"],
                 "p99_ttft_ms": metrics["p99_ttft_ms"],
                 "median_itl_ms": metrics["median_itl_ms"],

@@ -35,10 +35,22 @@ if TYPE_CHECKING:
     from phasesched.request import Request
     from phasesched.scheduler import StepOutcome
 
-__all__ = ["BUDGET_PHASES", "GapLog", "LatencyBudget", "MetricsRecorder", "RequestRecord", "Role", "WorkerRecorder"]
+__all__ = [
+    "BUDGET_PHASES",
+    "MAX_ERRORS",
+    "GapLog",
+    "LatencyBudget",
+    "MetricsRecorder",
+    "RequestRecord",
+    "Role",
+    "WorkerRecorder",
+]
 
 BUDGET_PHASES = ("queue", "prefill", "interference", "transfer", "first_decode", "decode")
 """The phases a request's latency is charged to, in the order they happen."""
+
+MAX_ERRORS = 10
+"""Failure messages a run keeps, the first ones only; enough to say why, and memory stays flat."""
 
 
 class Role(enum.Enum):
@@ -115,7 +127,11 @@ class GapLog:
     gap_s: NDArray[np.float64]
 
     def overlapping(self, start: float, stop: float) -> NDArray[np.float64]:
-        """Gaps that overlap the interval ``[start, stop]`` (those an event in it could have stretched)."""
+        """Gaps that overlap the interval ``[start, stop]`` (those an event in it could have stretched).
+
+        Returns:
+            float64 ``[K]``: the lengths (``gap_s``) of those gaps, in log order, ``K <= G``.
+        """
         keep = (self.end_s >= start) & (self.end_s - self.gap_s <= stop)
         gaps: NDArray[np.float64] = self.gap_s[keep]
         return gaps
@@ -169,6 +185,8 @@ class MetricsRecorder:
         self.input_tokens = 0
         self.output_tokens = 0
         self.preemptions = 0
+        self.failed = 0
+        self.errors: list[str] = []
         self._live: dict[str, _Timeline] = {}
         self._slos: dict[str, tuple[float | None, float | None]] = {}
 
@@ -181,6 +199,19 @@ class MetricsRecorder:
         self._live[request.request_id] = _Timeline(request.request_id, time, request.prompt_len, time)
         if request.slo is not None:
             self._slos[request.request_id] = (request.slo.ttft_s, request.slo.tpot_s)
+
+    def fail(self, request_id: str, error: str) -> None:
+        """The request can never be served (the scheduler rejected it): count it as failed.
+
+        As in ``vllm bench serve``, a failed request adds to ``failed`` and to no latency or
+        token total, so one unservable request does not end or skew the run. ``error`` is kept
+        among the first :data:`MAX_ERRORS` messages.
+        """
+        self._live.pop(request_id, None)
+        self._slos.pop(request_id, None)
+        self.failed += 1
+        if len(self.errors) < MAX_ERRORS:
+            self.errors.append(error)
 
     def transferred(self, request_id: str, end: float) -> None:
         """The request's KV reached its decode worker at ``end``."""
@@ -198,6 +229,8 @@ class MetricsRecorder:
             preemptions=self.preemptions,
             budget_totals=dict(self.budget_totals),
             distributions=self.distributions,
+            failed=self.failed,
+            errors=tuple(self.errors),
         )
 
     def gap_log(self) -> GapLog | None:

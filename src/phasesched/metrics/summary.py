@@ -27,6 +27,8 @@ class RunCounters:
     preemptions: int
     budget_totals: dict[str, float]
     distributions: dict[str, Distribution]
+    failed: int = 0
+    errors: tuple[str, ...] = ()
 
 
 @attrs.frozen(eq=False)
@@ -40,12 +42,15 @@ class RunMetrics:
             of its tokens).
         requests: Per-request records, when the run kept them.
         gaps: Every token gap with its end time, when the run kept them.
+        errors: Why requests failed: the first
+            :data:`~phasesched.metrics.recorder.MAX_ERRORS` messages (``values["failed"]`` counts them all).
     """
 
     values: dict[str, float]
     distributions: dict[str, Distribution]
     requests: tuple[RequestRecord, ...] | None = None
     gaps: GapLog | None = None
+    errors: tuple[str, ...] = ()
 
     def __getitem__(self, key: str) -> float:
         return self.values[key]
@@ -63,7 +68,8 @@ def summarize(
 ) -> RunMetrics:
     """Turn totals into the flat result dict.
 
-    Keys: ``duration``, ``completed``, ``total_input_tokens``, ``total_output_tokens``,
+    Keys: ``duration``, ``completed``, ``failed`` (requests rejected as unservable, counted in
+    nothing else), ``total_input_tokens``, ``total_output_tokens``,
     ``request_throughput``, ``request_goodput``, ``input_throughput`` (prompt tokens/s),
     ``output_throughput`` (generated tokens/s), ``total_token_throughput``, ``num_preemptions``;
     for each of ``ttft``, ``tpot``, ``itl``, ``e2el``: ``mean_``, ``std_``, ``median_``,
@@ -75,6 +81,7 @@ def summarize(
     values: dict[str, float] = {
         "duration": duration_s,
         "completed": counters.completed,
+        "failed": counters.failed,
         "total_input_tokens": counters.input_tokens,
         "total_output_tokens": counters.output_tokens,
         "request_throughput": counters.completed * per_second,
@@ -91,4 +98,5 @@ def summarize(
     done = max(counters.completed, 1)
     for phase in BUDGET_PHASES:
         values[f"mean_{phase}_ms"] = counters.budget_totals[phase] / done * 1e3
-    return RunMetrics(values, counters.distributions, None if requests is None else tuple(requests), gaps)
+    kept = None if requests is None else tuple(requests)
+    return RunMetrics(values, counters.distributions, kept, gaps, counters.errors)

@@ -10,7 +10,16 @@ Aggregated runs have ``replicas`` workers that prefill and decode. Disaggregated
 prefill pool and a decode pool: a prefill worker computes the prompt (its sampled token is not
 the user's), the KV crosses a shared link, and a decode worker admits the request with the
 prompt's KV in place, as vLLM's disaggregated prefill does (the last prompt token is recomputed
-there; its logits give the first token, which is when TTFT ends).
+there; its logits give the first token, which is when TTFT ends). The prefill worker keeps the
+request's pages until a decode worker admits it, as vLLM's NIXL connector delays freeing the
+blocks until the decode side has read them: KV crossing the link or waiting for room on a
+decode worker is held somewhere, and a slow link or a full decode pool throttles prefill
+admission (back-pressure).
+
+Workers are chosen per request: one with KV room for it first, then the fewest
+requests. A request no worker can ever serve (the scheduler raises
+:class:`~phasesched.errors.RequestRejectedError`) is counted as failed, as ``vllm bench
+serve`` counts failed requests, and the run goes on; in a closed loop its client sends the next.
 
 Between events, a worker whose batch is all decodes takes identical steps; with
 ``fast_forward`` it takes as many as happen before anything can change its batch in one
@@ -32,7 +41,7 @@ import numpy as np
 
 from phasesched.costmodel.protocol import CostModel, decode_step_times
 from phasesched.decode_run import DecodeRun
-from phasesched.errors import PhaseschedError
+from phasesched.errors import PhaseschedError, RequestRejectedError
 from phasesched.executor import StepResult
 from phasesched.metrics.recorder import MetricsRecorder, Role, WorkerRecorder
 from phasesched.metrics.summary import RunMetrics, summarize
@@ -94,6 +103,7 @@ class SimResult:
     def to_dict(self) -> dict[str, Any]:
         """Metrics plus simulation bookkeeping, JSON-ready."""
         out = self.metrics.to_dict()
+        out["errors"] = list(self.metrics.errors)
         out["sim_wall_s"] = self.wall_s
         out["sim_steps"] = self.steps
         out["sim_fast_forwarded_steps"] = self.fast_forwarded_steps
@@ -117,11 +127,27 @@ class _Worker:
     busy_s: float = 0.0
     finishing: int = 0
     """Requests a decode run in flight has finished ahead of its end: still counted as load."""
+    finishing_pages: int = 0
+    """Their KV pages: freed ahead of the run's end, still counted as held."""
 
     @property
     def load(self) -> int:
         """Requests the router counts against this worker, as stepping one by one would see them."""
         return self.scheduler.num_unfinished + self.finishing
+
+    @property
+    def free_pages(self) -> int:
+        """Free KV pages, as stepping one by one would see them."""
+        return self.scheduler.kv.num_free_pages - self.finishing_pages
+
+    def has_room(self, num_tokens: int) -> bool:
+        """Whether ``num_tokens`` of KV fit in the free pages an admission may take now.
+
+        Requests already waiting are not subtracted: they count as load, which ranks workers
+        that have room.
+        """
+        kv = self.scheduler.kv
+        return kv.pages_for(num_tokens) <= self.free_pages - kv.watermark_pages
 
     @property
     def cost(self) -> CostModel:
@@ -184,6 +210,10 @@ class Simulator:
         self._sequence = itertools.count()
         self._link_version = 0
         self._awaiting_decode: dict[str, Request] = {}
+        self._held: dict[str, tuple[_Worker, int]] = {}
+        """Per request between prefill and decode admission: its prefill worker and the KV table held there."""
+        self._unheld: dict[int, _Worker] = {}
+        """Prefill workers whose held KV was let go since they last had the chance to start a step."""
         self._issued = 0
         self._first_arrival: float | None = None
         self._last_finish = 0.0
@@ -200,15 +230,17 @@ class Simulator:
                 _, _, kind, payload = heapq.heappop(self._heap)
                 self._handle(kind, payload, now, touched)
             self._start_all(touched.values(), now)
-        if self.recorder.completed < self._issued:
-            msg = f"the simulation stalled: {self._issued - self.recorder.completed} requests never finished"
+        left = self._issued - self.recorder.completed - self.recorder.failed
+        if left:
+            msg = f"the simulation stalled: {left} requests never finished"
             raise PhaseschedError(msg)
         return self._result(time.perf_counter() - wall)
 
     def _handle(self, kind: _Event, payload: Any, now: float, touched: dict[int, _Worker]) -> None:
         if kind is _Event.ARRIVAL:
             worker = self._arrive(payload, now)
-            touched[worker.index] = worker
+            if worker is not None:
+                touched[worker.index] = worker
             if self.closed_loop is None:
                 self._push_next_arrival()
         elif kind is _Event.STEP_END:
@@ -219,7 +251,8 @@ class Simulator:
                 self._link_progress(now)
         else:
             worker = self._deliver(payload, now)
-            touched[worker.index] = worker
+            if worker is not None:
+                touched[worker.index] = worker
 
     def _start_all(self, workers: Iterable[_Worker], now: float) -> None:
         """Start every idle worker's next step or decode run at ``now``.
@@ -228,6 +261,7 @@ class Simulator:
         horizon. Decode runs starting at the same instant can also change each other's batches
         (a finish in a closed loop issues a request anywhere): each is cut where the others'
         would end on their own, which leaves the earliest one as it is and so is consistent.
+        Prefill workers whose held KV a decode admission let go start theirs among the plain steps.
         """
         runs = []
         for worker in workers:
@@ -236,6 +270,11 @@ class Simulator:
                 runs.append((worker, run))
             elif not worker.busy:
                 self._start_step(worker, now)
+        while self._unheld:  # prefill workers take no decode runs, and their steps let go of nothing
+            unheld, self._unheld = self._unheld, {}
+            for worker in unheld.values():
+                if not worker.busy:
+                    self._start_step(worker, now)
         priced = []
         for worker, run in runs:
             horizon = self._horizon(worker)
@@ -248,6 +287,9 @@ class Simulator:
     def _start_step(self, worker: _Worker, now: float) -> None:
         """Schedule and price one step of ``worker`` (an idle step when it has nothing to run)."""
         plan = worker.scheduler.schedule(now)
+        if worker.role is Role.DECODE:
+            for request in plan.new_requests:  # its KV now has pages here: the prefill worker lets go
+                self._let_go(request.request_id)
         result = worker.executor.execute(plan)
         if plan.is_empty:
             worker.scheduler.update(plan, result)
@@ -260,10 +302,13 @@ class Simulator:
 
     def _take_run(self, worker: _Worker, run: DecodeRun, now: float, ends: np.ndarray, count: int) -> None:
         """Take the first ``count`` steps of ``run``, which end at ``ends``."""
+        kv = worker.scheduler.kv
+        unfreed = kv.num_free_pages - int(kv.pages_to_grow(run.slots, run.kv_len - 1 + count).sum())
         finished = worker.scheduler.advance(run, count)
         end = float(ends[count - 1])
         left = worker.recorder.on_decode_run(run, now, ends[:count], (f.request_id for f in finished))
         worker.busy, worker.plan, worker.finishing = True, None, len(left)
+        worker.finishing_pages = kv.num_free_pages - unfreed  # freed early by the finishes
         worker.steps += count
         worker.fast_forwarded += count
         worker.busy_s += end - now
@@ -281,7 +326,7 @@ class Simulator:
             priced = min(run.max_steps, priced * 4)
 
     def _step_end(self, worker: _Worker, now: float) -> None:
-        finished_in_run, worker.busy, worker.finishing = worker.finishing, False, 0
+        finished_in_run, worker.busy, worker.finishing, worker.finishing_pages = worker.finishing, False, 0, 0
         if worker.plan is None:  # a decode run: recorded when it started; its finishes count now
             if finished_in_run:
                 self._finished(finished_in_run, now)
@@ -292,6 +337,7 @@ class Simulator:
         worker.plan = worker.result = None
         if worker.role is Role.PREFILL:
             for request_id in left:
+                self._hold(worker, request_id)
                 self._start_transfer(request_id, now)
         elif left:
             self._finished(len(left), now)
@@ -316,13 +362,18 @@ class Simulator:
             self._issued += 1
             self._push(now, _Event.ARRIVAL, attrs.evolve(request, arrival_time=now))
 
-    def _arrive(self, request: Request, now: float) -> _Worker:
+    def _arrive(self, request: Request, now: float) -> _Worker | None:
+        """Queue ``request`` on a worker and return it, or ``None`` when it was rejected (failed)."""
         if self._first_arrival is None:
             self._first_arrival = now
         role = Role.PREFILL if self.link is not None else Role.BOTH
-        worker = self._least_loaded(role)
+        worker = self._least_loaded(role, request.prompt_len)
         prefill_only = attrs.evolve(request, max_new_tokens=1) if role is Role.PREFILL else request
-        worker.scheduler.add_request(prefill_only)  # first: a rejected request leaves no trace
+        try:
+            worker.scheduler.add_request(prefill_only)  # first: a rejected request leaves no trace
+        except RequestRejectedError as error:  # every worker of the role shares the limits it broke
+            self._failed(request.request_id, error, now)
+            return None
         if role is Role.PREFILL:
             self._awaiting_decode[request.request_id] = request
         self.recorder.arrive(request, now)
@@ -330,22 +381,62 @@ class Simulator:
 
     def _finished(self, count: int, now: float) -> None:
         self._last_finish = max(self._last_finish, now)
+        self._left(count, now)
+
+    def _failed(self, request_id: str, error: RequestRejectedError, now: float) -> None:
+        """Count a request no worker can serve as failed; it does not stretch the run's duration."""
+        self.recorder.fail(request_id, str(error))
+        self._left(1, now)
+
+    def _left(self, count: int, now: float) -> None:
+        """``count`` requests left the system, finished or failed: report it; a closed loop sends successors."""
         if self.progress is not None:
-            self.progress(self.recorder.completed, self.total)
+            self.progress(self.recorder.completed + self.recorder.failed, self.total)
         if self.closed_loop is not None:
             for _ in range(count):
                 self._issue_closed_loop(now + self.closed_loop.think_time_s)
 
-    def _least_loaded(self, role: Role) -> _Worker:
+    def _least_loaded(self, role: Role, num_tokens: int) -> _Worker:
+        """The worker of ``role`` for a request needing ``num_tokens`` of KV.
+
+        One that can admit it now comes first (a worker whose KV is full would queue it however
+        few requests it runs), then the fewest requests. Where every worker has room, as with
+        ample KV, that is plain least-loaded routing, so such runs route as they always did.
+        """
         candidates = [w for w in self.workers if w.role is role]
-        return min(candidates, key=lambda w: (w.load, w.index))
+        return min(candidates, key=lambda w: (not w.has_room(num_tokens), w.load, w.index))
 
     # ---------------------------------------------------------------- the KV link
     def _start_transfer(self, request_id: str, now: float) -> None:
+        """Send the KV of the whole prompt, as vLLM's prefill worker sends every prompt block.
+
+        The decode worker counts one token fewer as computed: it recomputes the last prompt
+        token (overwriting identical KV), because the first token's logits must come from a
+        step it runs, as vLLM's scheduler does when every prompt token's KV arrived.
+        """
         assert self.link is not None
         request = self._awaiting_decode[request_id]
         self.link.start(request_id, request.prompt_len * self.deployment.kv_bytes_per_token(), now)
         self._reschedule_link()
+
+    def _hold(self, worker: _Worker, request_id: str) -> None:
+        """Keep the prompt's KV on its prefill worker until a decode worker admits the request.
+
+        The scheduler has just freed the finished prefill's pages; they are taken again at
+        once, before anything is scheduled, so they are always there to take.
+        """
+        kv = worker.scheduler.kv
+        table = kv.open()
+        kv.grow_to(table, self._awaiting_decode[request_id].prompt_len)
+        self._held[request_id] = (worker, table)
+
+    def _let_go(self, request_id: str) -> None:
+        """Free the prefill worker's copy of a request's KV, and let that worker start a step."""
+        held = self._held.pop(request_id, None)  # a readmission after a preemption holds nothing
+        if held is not None:
+            worker, table = held
+            worker.scheduler.kv.free(table)
+            self._unheld[worker.index] = worker
 
     def _link_progress(self, now: float) -> None:
         assert self.link is not None
@@ -360,11 +451,17 @@ class Simulator:
         if done != float("inf"):
             self._push(done, _Event.LINK, self._link_version)
 
-    def _deliver(self, request_id: str, now: float) -> _Worker:
+    def _deliver(self, request_id: str, now: float) -> _Worker | None:
+        """Queue a transferred request on a decode worker, or count it failed if none can serve it."""
         request = self._awaiting_decode.pop(request_id)
         self.recorder.transferred(request_id, now)
-        worker = self._least_loaded(Role.DECODE)
-        worker.scheduler.add_request(request, precomputed_tokens=request.prompt_len - 1)
+        worker = self._least_loaded(Role.DECODE, request.prompt_len)
+        try:
+            worker.scheduler.add_request(request, precomputed_tokens=request.prompt_len - 1)
+        except RequestRejectedError as error:  # too long with its output, say: the prefill was wasted
+            self._let_go(request_id)
+            self._failed(request_id, error, now)
+            return None
         return worker
 
     # ---------------------------------------------------------------- plumbing
