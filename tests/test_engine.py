@@ -37,6 +37,20 @@ class TestEngine:
         for key in ("completed", "median_ttft_ms", "p99_itl_ms", "max_e2el_ms", "total_output_tokens", "duration"):
             assert served[key] == pytest.approx(simulated[key], rel=1e-12), key
 
+    def test_a_request_that_can_never_fit_is_counted_as_failed(self) -> None:
+        """A prompt beyond the KV capacity is counted in ``failed`` and the others are still served."""
+        engine = Engine(
+            Scheduler(SchedulerConfig(num_pages=8, page_size=4)), DeterministicExecutor(), clock=VirtualClock()
+        )
+        requests = [
+            Request("ok", prompt_len=5, max_new_tokens=3),
+            Request("huge", prompt_len=500, max_new_tokens=3, arrival_time=0.5),
+            Request("ok2", prompt_len=5, max_new_tokens=3, arrival_time=1.0),
+        ]
+        metrics = engine.run(requests)
+        assert (metrics["completed"], metrics["failed"], metrics["total_output_tokens"]) == (2, 1, 6)
+        assert "huge" in engine.recorder.errors[0]
+
     def test_wall_clock_waits_for_arrivals(self) -> None:
         """On the wall clock a request arriving later is not served before it arrives."""
         engine = Engine(Scheduler(SchedulerConfig(num_pages=64)), DeterministicExecutor(), keep_requests=True)

@@ -50,3 +50,9 @@ def test_custom_policy_plugin_is_registered() -> None:
     policy = load_policy("sjf")
     assert policy.name == "sjf"
     assert simulate(fixed(10, 300, 5, rate=50.0), policy).metrics["completed"] == 10
+
+
+def test_engine_loop_on_the_deterministic_executor() -> None:
+    """The engine loop runs as a user would start it without torch: every request finishes."""
+    out = run("engine_loop.py", "--executor", "deterministic", "--policy", "vllm")
+    assert out.count(" done (length)") == 4

@@ -16,7 +16,7 @@ from typing import Protocol
 
 import attrs
 
-from phasesched.errors import PhaseschedError
+from phasesched.errors import PhaseschedError, RequestRejectedError
 from phasesched.executor import Executor
 from phasesched.metrics.recorder import MetricsRecorder, Role
 from phasesched.metrics.summary import RunMetrics, summarize
@@ -127,7 +127,12 @@ class Engine:
         self._worker = self.recorder.worker(Role.BOTH)
 
     def run(self, requests: Iterable[Request]) -> RunMetrics:
-        """Serve ``requests`` (ordered by ``arrival_time``, on this clock's time) until all finish."""
+        """Serve ``requests`` (ordered by ``arrival_time``, on this clock's time) until all finish.
+
+        A request the scheduler rejects (it could never fit) is counted in ``failed``, as
+        ``vllm bench serve`` counts failures, and the others are served; other errors (a
+        duplicate id, a bad plan or result) propagate.
+        """
         pending = _peekable(iter(requests))
         first = last = None
         while pending.peek() is not None or self.scheduler.num_unfinished:
@@ -152,7 +157,11 @@ class Engine:
         now = self.clock.now()
         while (upcoming := pending.peek()) is not None and upcoming.arrival_time <= now:
             request = next(pending)
-            self.scheduler.add_request(request)  # first: a rejected request leaves no timeline behind
+            try:
+                self.scheduler.add_request(request)  # first: a rejected request leaves no timeline behind
+            except RequestRejectedError as error:  # it can never run here: count it, serve the rest
+                self.recorder.fail(request.request_id, str(error))
+                continue
             self.recorder.arrive(request, request.arrival_time)
 
     def _step(self, start: float) -> tuple[bool, bool]:

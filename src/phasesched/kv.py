@@ -116,18 +116,18 @@ class PagedKVManager:
         return int(self._count[slot])
 
     def pages(self, slot: int) -> Int32Array:
-        """The page ids of table ``slot``, in token order (read-only)."""
+        """int32 ``[page_counts[slot]]``: the page ids of table ``slot``, in token order (read-only)."""
         self._check_open(slot)
         return _read_only(self._table[slot, : self._count[slot]])
 
     @property
     def page_counts(self) -> Int32Array:
-        """Pages per slot (read-only; free slots read 0)."""
+        """int32 ``[S]``: pages per slot (read-only; free slots read 0)."""
         return self._count_view
 
     @property
     def refcounts(self) -> Int32Array:
-        """References per page (read-only)."""
+        """int32 ``[num_pages]``: references per page (read-only; free pages read 0)."""
         return _read_only(self._refcount)
 
     def freed_by_freeing(self, slots: Int32Array) -> int:
@@ -218,6 +218,9 @@ class PagedKVManager:
 
     def allocate(self, slot: int, num_pages: int) -> Int32Array:
         """Append ``num_pages`` pages to table ``slot`` and return them.
+
+        Returns:
+            int32 ``[num_pages]``: the new page ids, in token order (a read-only copy).
 
         Raises:
             OutOfPagesError: Too few free pages; nothing was allocated.

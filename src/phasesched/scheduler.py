@@ -270,9 +270,11 @@ class Scheduler:
         """The next steps, if they are certain to be identical pure-decode steps (the simulation fast path).
 
         A simulator uses this to advance many steps in one vectorized computation. It applies
-        when the next step is steady (see :meth:`_steady_step`) and no running request's tokens
-        matter (no token ids, EOS or stop tokens: a simulator makes them up); then each step
-        until the first finish schedules exactly the same requests, one token each.
+        when the next step is steady (no plan in flight, nothing waiting, every running request
+        decoding one token within the budget and KV, under a phase priority that declares
+        ``schedules_every_decode``) and no running request's tokens matter (no token ids, EOS
+        or stop tokens: a simulator makes them up); then each step until the first finish
+        schedules exactly the same requests, one token each.
 
         Returns:
             The run, capped at ``max_steps``, or ``None`` when it does not apply.

@@ -110,7 +110,20 @@ def check_selection(  # noqa: PLR0913 -- the state a proposal is checked against
     kv: PagedKVManager,
     budget: TokenBudget,
 ) -> CheckedSelection:
-    """Raise :class:`InvalidPlanError` unless ``selection`` can be committed as it stands."""
+    """Raise :class:`~phasesched.errors.InvalidPlanError` unless ``selection`` can be committed as it stands.
+
+    Args:
+        selection: The policy's proposal.
+        arrays: The scheduler's per-slot running state (``[S]`` arrays).
+        running: int32 ``[n]``: slots of every running request.
+        waiting: The waiting queue the admissions must come from.
+        kv: The KV manager whose free pages the step must fit.
+        budget: The token and sequence caps.
+
+    Returns:
+        The selection with the int32 ``[R]`` ``start`` and ``known`` and the int64 ``[R]``
+        ``new_pages`` of its running slices, for the commit to reuse.
+    """
     slots, tokens = selection.running_slots, selection.running_tokens
     _require(len(slots) == len(tokens), "running_slots and running_tokens differ in length")
     _require(len(selection.admitted) == len(selection.admitted_tokens), "admitted and admitted_tokens differ in length")

@@ -25,6 +25,9 @@ Int32Array = NDArray[np.int32]
 class SchedulerView:
     """What a policy may read while planning a step. Arrays are read-only and indexed by slot.
 
+    Per-slot arrays have one entry for each of the scheduler's ``S`` slots (free slots included:
+    index them with ``running``); ``running`` lists the ``R`` slots in use.
+
     Attributes:
         now: The engine's clock at this ``schedule()`` call.
         budget: The step's token and sequence caps.
@@ -32,13 +35,13 @@ class SchedulerView:
         free_pages: Free KV pages.
         watermark_pages: Pages admissions must leave free.
         max_model_len: The longest sequence (prompt plus generated) the model accepts.
-        running: int32 slots of running requests, in admission order.
-        num_computed: int32 tokens in each slot's cache.
-        num_tokens: int32 tokens known for each slot.
-        prompt_len: int32 prompt length of each slot.
-        arrival_time: float64 arrival time of each slot.
-        priority: int64 priority of each slot (lower is more important).
-        page_count: int32 KV pages held by each slot.
+        running: int32 ``[R]``: slots of running requests, in admission order.
+        num_computed: int32 ``[S]``: tokens in each slot's cache.
+        num_tokens: int32 ``[S]``: tokens known for each slot.
+        prompt_len: int32 ``[S]``: prompt length of each slot.
+        arrival_time: float64 ``[S]``: arrival time of each slot.
+        priority: int64 ``[S]``: priority of each slot (lower is more important).
+        page_count: int32 ``[S]``: KV pages held by each slot (free slots hold 0).
 
     """
 
@@ -72,7 +75,7 @@ class SchedulerView:
 
     @property
     def num_generated(self) -> Int32Array:
-        """int32 generated tokens of each slot (computed on demand)."""
+        """int32 ``[S]``: generated tokens of each slot (computed on demand)."""
         return self._arrays.generated
 
     @property
@@ -94,11 +97,27 @@ class SchedulerView:
             yield WaitingCandidate(seq.request, seq.num_tokens, seq.num_preemptions, seq.precomputed)
 
     def freed_by_preempting(self, slots: Int32Array) -> int:
-        """KV pages that preempting ``slots`` would return to the pool."""
+        """KV pages that preempting ``slots`` would return to the pool.
+
+        Args:
+            slots: int32 ``[K]``: slots of running requests. Pages they share with each other
+                count once; pages shared with a request outside ``slots`` do not count.
+
+        Returns:
+            The number of pages that would become free.
+        """
         return self._kv.freed_by_freeing(slots)
 
     def pages_to_grow(self, slots: Int32Array, num_new: NDArray[np.integer[Any]]) -> NDArray[np.int64]:
-        """Pages each slot needs to compute ``num_new`` more tokens."""
+        """Pages each slot needs to compute ``num_new`` more tokens.
+
+        Args:
+            slots: int32 ``[K]``: slots of running requests.
+            num_new: int ``[K]``: tokens each of them would compute, beyond its cache.
+
+        Returns:
+            int64 ``[K]``: KV pages each one must add (0 when its pages already hold them).
+        """
         return self._kv.pages_to_grow(slots, self.num_computed[slots] + num_new)
 
     def pages_for(self, num_tokens: int) -> int:

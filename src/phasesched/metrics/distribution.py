@@ -63,7 +63,12 @@ class Distribution:
             self.add_many(np.array([value]), np.array([count]))
 
     def add_many(self, values: ArrayLike, counts: ArrayLike | None = None) -> None:
-        """Record each ``values[i]`` ``counts[i]`` times (once each when ``counts`` is omitted)."""
+        """Record each ``values[i]`` ``counts[i]`` times (once each when ``counts`` is omitted).
+
+        Args:
+            values: float ``[N]`` (any shape is flattened): the samples.
+            counts: int ``[N]`` or ``None``: how many times each is recorded.
+        """
         vals = np.asarray(values, dtype=np.float64).ravel()
         if len(vals):
             reps = None if counts is None else np.asarray(counts, dtype=np.int64).ravel()
@@ -182,7 +187,14 @@ class Distribution:
         return float(self.percentiles([q])[0])
 
     def percentiles(self, qs: ArrayLike) -> FloatArray:
-        """Several percentiles at once."""
+        """Several percentiles at once, computed as :meth:`percentile` computes one.
+
+        Args:
+            qs: float ``[Q]`` (or any shape): percentiles, 0-100.
+
+        Returns:
+            float64, shaped like ``qs``: the percentiles (``nan`` when empty).
+        """
         q = np.asarray(qs, dtype=np.float64)
         self._flush()
         if not self._count:
@@ -195,7 +207,12 @@ class Distribution:
         return np.clip(self._bucket_middle(index), self._min, self._max)
 
     def cdf(self, points: int = 200) -> tuple[FloatArray, FloatArray]:
-        """``(values, fractions)``: the empirical CDF at ``points`` evenly spaced fractions, for plots."""
+        """The empirical CDF at ``points`` evenly spaced fractions, for plots.
+
+        Returns:
+            ``(values, fractions)``, both float64 ``[points]``: ``fractions`` runs evenly from 0 to 1
+            and ``values[i]`` is the sample at fraction ``fractions[i]`` (all ``nan`` when empty).
+        """
         fractions = np.linspace(0.0, 1.0, points)
         return self.percentiles(fractions * 100.0), fractions
 

@@ -152,6 +152,10 @@ class BatchBuilder:
 
         Slots already in the step, or preempted while building it, are skipped.
 
+        Args:
+            slots: int32 ``[K]``: slots of running requests, in the order to add them.
+            num_new: int64 ``[K]``: tokens each computes this step (``>= 1``).
+
         Returns:
             How many of ``slots`` were added (a prefix, less any preempted on the way).
 

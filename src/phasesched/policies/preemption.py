@@ -26,7 +26,15 @@ class VictimOrder(Protocol):
     """Orders running requests from most to least preemptible."""
 
     def order(self, view: SchedulerView, slots: Int32Array) -> Int32Array:
-        """``slots`` re-ordered, best victim first."""
+        """``slots`` re-ordered, best victim first.
+
+        Args:
+            view: The scheduler's state; its per-slot arrays are indexed by ``slots``.
+            slots: int32 ``[K]``: slots of the running requests that may be preempted.
+
+        Returns:
+            int32 ``[K]``: the same slots, best victim first (a permutation of ``slots``).
+        """
         ...
 
 
@@ -35,7 +43,11 @@ class LatestArrival:
     """Evict the most recent arrival first (vLLM's FCFS behaviour: last in, first out)."""
 
     def order(self, view: SchedulerView, slots: Int32Array) -> Int32Array:
-        """Latest arrival first."""
+        """Latest arrival first; ties by slot, highest first.
+
+        Returns:
+            int32 ``[K]``: ``slots`` (int32 ``[K]``) re-ordered.
+        """
         return slots[np.lexsort((-slots, -view.arrival_time[slots]))]
 
 
@@ -44,7 +56,11 @@ class LowestPriority:
     """Evict the least important request first (highest priority value), then the latest."""
 
     def order(self, view: SchedulerView, slots: Int32Array) -> Int32Array:
-        """Highest priority value first, then latest arrival."""
+        """Highest priority value first, then latest arrival.
+
+        Returns:
+            int32 ``[K]``: ``slots`` (int32 ``[K]``) re-ordered.
+        """
         return slots[np.lexsort((-view.arrival_time[slots], -view.priority[slots]))]
 
 
@@ -53,7 +69,11 @@ class FewestGenerated:
     """Evict the request that has generated least, so the least finished work is redone."""
 
     def order(self, view: SchedulerView, slots: Int32Array) -> Int32Array:
-        """Fewest generated tokens first, then latest arrival."""
+        """Fewest generated tokens first, then latest arrival.
+
+        Returns:
+            int32 ``[K]``: ``slots`` (int32 ``[K]``) re-ordered.
+        """
         return slots[np.lexsort((-view.arrival_time[slots], view.num_generated[slots]))]
 
 

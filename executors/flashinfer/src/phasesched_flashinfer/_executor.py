@@ -96,7 +96,7 @@ class FlashInferExecutor(TorchExecutor):
         graph_batch_sizes: Increasing bucket sizes for the graphs.
         decode_tensor_cores: Decode on the tensor-core kernel; ``None``: from 4 query heads per
             kv head, as FlashInfer recommends, and always when FlashInfer's JIT is disabled
-            (see :func:`jit_disabled`; the offline bundle has no CUDA-core decode module).
+            (see ``jit_disabled()``; the offline bundle has no CUDA-core decode module).
             ``False`` with JIT disabled needs that module prebuilt.
 
     Attributes:
