@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import importlib.util
+import sys
 from collections.abc import Iterable
+from pathlib import Path
+from types import ModuleType
 
 import attrs
 import numpy as np
@@ -93,3 +97,14 @@ def result_with(plan: StepPlan, token: int = 7, finished: np.ndarray | None = No
     """A result that samples ``token`` everywhere it samples."""
     tokens = np.where(plan.samples, token, -1)
     return StepResult(step_id=plan.step_id, token_ids=tokens, finished=finished)
+
+
+def load_script(path: Path, name: str) -> ModuleType:
+    """Import a script that is not in a package (an example, a benchmark, the GPU check) as module ``name``."""
+    spec = importlib.util.spec_from_file_location(name, path)
+    assert spec is not None
+    assert spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # attrs classes resolve their module by name
+    spec.loader.exec_module(module)
+    return module

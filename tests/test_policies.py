@@ -414,13 +414,17 @@ class TestLastPromptToken:
 
 
 class TestPreemptionForWaiting:
-    def test_nobody_is_evicted_for_an_admission_that_still_cannot_happen(self) -> None:
-        """A priority request whose pages preemption could not free evicts nobody (it would waste their work)."""
+    @staticmethod
+    def policy() -> SchedulingPolicy:
+        """Priority order, two seats, and waiting requests may evict the running ones they outrank."""
         preemption = PreemptionPolicy(victims=LowestPriority(), preempt_for_waiting=True)
-        policy = SchedulingPolicy(
+        return SchedulingPolicy(
             budget=TokenBudget(64, 2), chunker=FixedChunk(64), queue_order=PriorityOrder(), preemption=preemption
         )
-        driver = Driver(scheduler_for(policy, num_pages=6, page_size=4))
+
+    def test_nobody_is_evicted_for_an_admission_that_still_cannot_happen(self) -> None:
+        """A priority request whose pages preemption could not free evicts nobody (it would waste their work)."""
+        driver = Driver(scheduler_for(self.policy(), num_pages=6, page_size=4))
         driver.scheduler.add_request(Request("lo", prompt_len=4, max_new_tokens=4, priority=5))
         driver.scheduler.add_request(Request("hi0", prompt_len=8, max_new_tokens=4, priority=0))
         driver.step()
@@ -432,11 +436,7 @@ class TestPreemptionForWaiting:
 
     def test_a_seat_is_freed_when_that_is_enough(self) -> None:
         """When the sequence cap alone binds, the outranked request is preempted and the priority one runs."""
-        preemption = PreemptionPolicy(victims=LowestPriority(), preempt_for_waiting=True)
-        policy = SchedulingPolicy(
-            budget=TokenBudget(64, 2), chunker=FixedChunk(64), queue_order=PriorityOrder(), preemption=preemption
-        )
-        driver = Driver(scheduler_for(policy, num_pages=100, page_size=4))
+        driver = Driver(scheduler_for(self.policy(), num_pages=100, page_size=4))
         driver.scheduler.add_request(Request("lo1", prompt_len=4, max_new_tokens=50, priority=5))
         driver.scheduler.add_request(Request("lo2", prompt_len=4, max_new_tokens=50, priority=5, arrival_time=0.1))
         driver.step()

@@ -2,24 +2,19 @@
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 from types import ModuleType
 
 import pytest
 
 from phasesched import POLICIES
+from tests.fakes import load_script
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "engine_loop.py"
 
 
 def _load_example() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("engine_loop_example", EXAMPLE)
-    assert spec is not None
-    assert spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script(EXAMPLE, "engine_loop_example")
 
 
 @pytest.mark.parametrize("policy", POLICIES.names())

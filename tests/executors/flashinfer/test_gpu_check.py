@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import subprocess
 import sys
 from pathlib import Path
@@ -20,6 +19,7 @@ from phasesched.registry import EXECUTORS  # noqa: E402
 from phasesched_flashinfer import FlashInferExecutor  # noqa: E402
 from phasesched_torch import LlamaConfig, LlamaModel  # noqa: E402
 from tests.executors.flashinfer.helpers import CPU_MODEL, fake_executor  # noqa: E402
+from tests.fakes import load_script  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[3]
 CHECK = REPO / "executors" / "flashinfer" / "gpu_check" / "check.py"
@@ -31,12 +31,7 @@ SMALL_GRID = (
 
 @pytest.fixture(scope="module")
 def check() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("gpu_check_under_test", CHECK)
-    assert spec is not None
-    assert spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script(CHECK, "gpu_check_under_test")
 
 
 def fake_factory(*, num_pages: int, page_size: int = 16, seed: int = 0) -> FlashInferExecutor:

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
 from types import ModuleType
 
@@ -15,19 +13,14 @@ pytest.importorskip("torch")
 
 from phasesched.costmodel import RooflineCostModel
 from phasesched.metrics.summary import RunMetrics
+from tests.fakes import load_script
 
 BENCHMARK = Path(__file__).resolve().parents[3] / "benchmarks" / "sim_fidelity.py"
 
 
 @pytest.fixture(scope="module")
 def bench() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("sim_fidelity_under_test", BENCHMARK)
-    assert spec is not None
-    assert spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # attrs classes resolve their module by name
-    spec.loader.exec_module(module)
-    return module
+    return load_script(BENCHMARK, "sim_fidelity_under_test")
 
 
 @pytest.fixture(scope="module")
