@@ -61,7 +61,7 @@ class PolicyOptions:
 
 
 def vllm(options: PolicyOptions) -> SchedulingPolicy:
-    """VLLM V1's default: one shared token budget, decode-first, FCFS, recompute preemption.
+    """The default of vLLM V1: one shared token budget, decode-first, FCFS, recompute preemption.
 
     Running requests (decodes and ongoing chunks) are served before waiting ones, and a prompt
     is chunked by whatever budget is left (8192 tokens, 256 sequences). Differs from vLLM:
@@ -73,7 +73,7 @@ def vllm(options: PolicyOptions) -> SchedulingPolicy:
 
 
 def vllm_priority(options: PolicyOptions) -> SchedulingPolicy:
-    """VLLM with ``--scheduling-policy priority``: lower ``priority`` values first.
+    """The vLLM preset with ``--scheduling-policy priority``: lower ``priority`` values first.
 
     Waiting requests are ordered by priority then arrival; the least important running request
     is the preemption victim, and a waiting request may evict running ones it outranks when the
