@@ -415,11 +415,14 @@ class TestLastPromptToken:
 
 class TestPreemptionForWaiting:
     @staticmethod
-    def policy() -> SchedulingPolicy:
-        """Priority order, two seats, and waiting requests may evict the running ones they outrank."""
+    def policy(budget: TokenBudget | None = None) -> SchedulingPolicy:
+        """Priority order, two seats unless told, and waiting requests may evict the running ones they outrank."""
         preemption = PreemptionPolicy(victims=LowestPriority(), preempt_for_waiting=True)
         return SchedulingPolicy(
-            budget=TokenBudget(64, 2), chunker=FixedChunk(64), queue_order=PriorityOrder(), preemption=preemption
+            budget=budget or TokenBudget(64, 2),
+            chunker=FixedChunk(64),
+            queue_order=PriorityOrder(),
+            preemption=preemption,
         )
 
     def test_nobody_is_evicted_for_an_admission_that_still_cannot_happen(self) -> None:
@@ -433,6 +436,18 @@ class TestPreemptionForWaiting:
         plan = driver.step(1.0)  # evicting "lo" frees a seat and 2 pages; "hi" needs 5 of them
         assert plan.preempted == ()
         assert set(plan.request_ids) == {"lo", "hi0"}
+
+    def test_the_decodes_next_pages_are_not_counted_as_room(self) -> None:
+        """Under decode-first, the page a running decode is about to take is not room an admission can have."""
+        driver = Driver(scheduler_for(self.policy(budget=TokenBudget(64, 8)), num_pages=16, page_size=4))
+        driver.scheduler.add_request(Request("A", prompt_len=12, max_new_tokens=30, priority=0))  # next token: page 4
+        driver.scheduler.add_request(Request("V", prompt_len=47, max_new_tokens=10, priority=5))  # 12 pages
+        driver.step()
+        assert driver.scheduler.kv.num_free_pages == 1
+        driver.scheduler.add_request(Request("C", prompt_len=52, max_new_tokens=4, priority=0, arrival_time=1.0))
+        plan = driver.step(1.0)  # evicting V frees 12 pages, but A's decode takes the free one: C needs 13
+        assert plan.preempted == ()
+        assert set(plan.request_ids) == {"A", "V"}
 
     def test_a_seat_is_freed_when_that_is_enough(self) -> None:
         """When the sequence cap alone binds, the outranked request is preempted and the priority one runs."""

@@ -333,7 +333,7 @@ def scenarios(draw: st.DrawFn) -> dict[str, object]:
         "policy": policy,
         # A 4096-token context rejects some prompts: failed requests must not change the equivalence.
         "deployment": Deployment(
-            num_pages=draw(st.sampled_from([700, 5000])), max_model_len=draw(st.sampled_from([32768, 4096]))
+            num_pages=draw(st.sampled_from([130, 700, 5000])), max_model_len=draw(st.sampled_from([32768, 4096]))
         ),
     }
     if draw(st.booleans()):

@@ -248,23 +248,30 @@ class BatchBuilder:
             self._unschedule(slot)
         self._taken[slot] = True
         self._any_taken = True
+        self.pages_left += self._newly_freed([slot])  # pages shared with earlier victims free only now
         self._preempted.append(slot)
-        self.pages_left += self.view.freed_by_preempting(np.array([slot], np.int32))
         self.seq_room += 1
         self._partial.pop(slot, None)
         self._reserve.pop(slot, None)
 
-    def make_room_for_waiting(self) -> int:
+    def make_room_for_waiting(self, *, reserve_decode_pages: bool = False) -> int:
         """Preempt running requests that the best waiting ones outrank, before anything is scheduled.
 
         Looks at waiting requests in queue order, as many as this step's token budget could
         admit, skips those the chunk sizer would not start now, and preempts victims the others
         outrank (by the victim order) until they would pass :meth:`admit`'s seat and page rules.
-        Does nothing unless the preemption policy allows waiting requests to preempt. Returns the
+        ``reserve_decode_pages`` counts the pages the running decodes will take this step as
+        spoken for, as they are when a priority schedules decodes before admissions. Does
+        nothing unless the preemption policy allows waiting requests to preempt. Returns the
         number of preemptions.
         """
         if not self.preemption.preempt_for_waiting:
             return 0
+        pending: dict[int, int] = {}
+        if reserve_decode_pages:
+            decodes = self.running_decodes()
+            growth = self.view.pages_to_grow(decodes, np.ones(len(decodes), np.int64))
+            pending = {slot: n for slot, n in zip(decodes.tolist(), growth.tolist(), strict=True) if n}
         before = len(self._preempted)
         tokens = seats = pages = 0
         for candidate in self.view.waiting():
@@ -274,7 +281,7 @@ class BatchBuilder:
             if first == 0:
                 continue
             tokens, seats, pages = tokens + first, seats + 1, pages + self._admission_pages(candidate)
-            if not self._make_room(candidate, seats=seats, pages=pages):
+            if not self._make_room(candidate, seats=seats, pages=pages, pending=pending):
                 break
         return len(self._preempted) - before
 
@@ -347,36 +354,56 @@ class BatchBuilder:
         """Free pages an admission may use: beyond the watermark and what ongoing prefills still need."""
         return self.pages_left - self.view.watermark_pages - sum(self._reserve.values())
 
-    def _make_room(self, candidate: WaitingCandidate, *, seats: int, pages: int) -> bool:
+    def _make_room(
+        self, candidate: WaitingCandidate, *, seats: int, pages: int, pending: dict[int, int] | None = None
+    ) -> bool:
         """Free ``seats`` sequence seats and ``pages`` admission pages, preempting requests ``candidate`` outranks.
 
         The victims are chosen first and preempted only if together they make enough room:
         evicting someone for an admission that still cannot happen would only waste its work.
+        ``pending`` maps running slots to pages they will still take this step (decodes to be
+        scheduled); a victim gives its share back, and preempted victims leave the map.
         """
-        seat_gap, page_gap = seats - self.seq_room, pages - self._admission_headroom()
+        pending = {} if pending is None else pending
+        seat_gap = seats - self.seq_room
+        page_gap = pages + sum(pending.values()) - self._admission_headroom()
         if seat_gap <= 0 and page_gap <= 0:
             return True
         if not self.preemption.preempt_for_waiting:
             return False
+
+        def short(chosen: list[int]) -> bool:
+            freed = self._room_freed(chosen) + sum(pending.get(slot, 0) for slot in chosen)
+            return seat_gap > len(chosen) or page_gap > freed
+
         running = self._preemptible()
         outranked = running[self.view.priority[running] > candidate.request.priority]
         chosen: list[int] = []
         for victim in self.preemption.victims.order(self.view, outranked).tolist() if len(outranked) else ():
-            if seat_gap - len(chosen) <= 0 and page_gap - self._room_freed(chosen) <= 0:
+            if not short(chosen):
                 break
             chosen.append(int(victim))
-        if seat_gap - len(chosen) > 0 or page_gap - self._room_freed(chosen) > 0:
+        if short(chosen):
             return False
         for victim in chosen:
             self.preempt(victim)
-        return seats <= self.seq_room and pages <= self._admission_headroom()
+            pending.pop(victim, None)
+        return seats <= self.seq_room and pages + sum(pending.values()) <= self._admission_headroom()
+
+    def _newly_freed(self, slots: list[int]) -> int:
+        """KV pages preempting ``slots`` would free beyond what this step's victims already freed."""
+        if not self._preempted:
+            return self.view.freed_by_preempting(np.array(slots, np.int32))
+        done = np.array(self._preempted, np.int32)
+        both = np.concatenate([done, np.array(slots, np.int32)])
+        return self.view.freed_by_preempting(both) - self.view.freed_by_preempting(done)
 
     def _room_freed(self, slots: list[int]) -> int:
         """Admission pages that preempting ``slots`` would free: their pages, this step's growth and reserves."""
         if not slots:
             return 0
         array = np.array(slots, np.int32)
-        freed = self.view.freed_by_preempting(array) + sum(self._reserve.get(slot, 0) for slot in slots)
+        freed = self._newly_freed(slots) + sum(self._reserve.get(slot, 0) for slot in slots)
         for taken, tokens in zip(self._slots, self._tokens, strict=True):
             hit = np.isin(taken, array)
             if np.any(hit):

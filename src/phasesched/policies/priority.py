@@ -77,7 +77,7 @@ class DecodeFirst(_SchedulesEveryDecode):
 
     def select(self, view: SchedulerView, builder: BatchBuilder) -> Selection:
         """Decodes, then chunks, then admissions."""
-        builder.make_room_for_waiting()
+        builder.make_room_for_waiting(reserve_decode_pages=True)
         builder.add_decodes()
         _continue_prefills(builder)
         _admit_waiting(view, builder, self.max_declined)
@@ -97,7 +97,7 @@ class PrefillFirst(_SchedulesEveryDecode):
 
     def select(self, view: SchedulerView, builder: BatchBuilder) -> Selection:
         """Prefills, then decodes only if there were none (or mixing is on)."""
-        builder.make_room_for_waiting()
+        builder.make_room_for_waiting(reserve_decode_pages=self.mix_decodes)
         _continue_prefills(builder)
         _admit_waiting(view, builder, self.max_declined)
         if self.mix_decodes or not builder.has_prefill:
@@ -119,7 +119,7 @@ class EqualProgress(_SchedulesEveryDecode):
 
     def select(self, view: SchedulerView, builder: BatchBuilder) -> Selection:
         """Decodes, then equal shares of the rest."""
-        builder.make_room_for_waiting()
+        builder.make_room_for_waiting(reserve_decode_pages=True)
         builder.add_decodes()
         ongoing = builder.running_prefills()[: self.max_prompts]
         waiting = self._waiting(view, builder, self.max_prompts - len(ongoing))

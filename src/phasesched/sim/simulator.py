@@ -264,7 +264,9 @@ class Simulator:
         Prefill workers whose held KV a decode admission let go start theirs among the plain steps.
         """
         runs = []
-        for worker in workers:
+        # Decode workers first: their admissions let go of held KV, which prefill workers
+        # starting at the same instant must see, whatever order the events came in.
+        for worker in sorted(workers, key=lambda w: w.role is not Role.DECODE):
             run = None if worker.busy or not self.fast_forward else worker.scheduler.decode_run(self.max_decode_run)
             if run is not None:
                 runs.append((worker, run))
@@ -483,7 +485,10 @@ class Simulator:
             return False
         if self.closed_loop is not None:  # a finish anywhere issues a new request
             return True
-        return worker.role is Role.DECODE and other.role is Role.PREFILL
+        # Disaggregated, any step end can reach a decode worker: a prefill's finish sends it KV,
+        # and another decode worker's admission lets a prefill worker's held KV go, which
+        # starts a prefill step whose requests it may be routed.
+        return worker.role is Role.DECODE
 
     def _make_workers(self, replicas: int, disaggregation: Disaggregation | None) -> list[_Worker]:
         if disaggregation is None:
