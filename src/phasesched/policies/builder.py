@@ -378,8 +378,9 @@ class BatchBuilder:
 
         running = self._preemptible()
         outranked = running[self.view.priority[running] > candidate.request.priority]
+        order = self.preemption.victims.order(self.view, outranked) if len(outranked) else outranked
         chosen: list[int] = []
-        for victim in self.preemption.victims.order(self.view, outranked).tolist() if len(outranked) else ():
+        for victim in order.tolist():
             if not short(chosen):
                 break
             chosen.append(int(victim))

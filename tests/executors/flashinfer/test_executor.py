@@ -266,21 +266,17 @@ class TestHarness:
         ref = torch.tensor([[1.0, 0.99, 0.0], [1.0, 0.995, 0.0], [1.0, 0.5, 0.0]])
         report = LockstepReport(rel_tol=1e-2)
         assert report.tie_margin == pytest.approx(2e-2)
-        report.add(
-            plan,
-            StepLogits(0, ids, ref),
-            StepLogits(0, ids, ref.clone()),
-            (StepResult(0, np.array([0, 0, 0])), StepResult(0, np.array([1, 0, 0]))),
-        )
+
+        def add(tokens: list[int]) -> None:
+            """One step whose reference samples token 0 everywhere and the other sampled ``tokens``."""
+            results = (StepResult(0, np.array([0, 0, 0])), StepResult(0, np.array(tokens)))
+            report.add(plan, StepLogits(0, ids, ref), StepLogits(0, ids, ref.clone()), results)
+
+        add([1, 0, 0])
         assert (report.sampled_tokens, report.near_ties, report.token_mismatches) == (3, 2, 1)
         assert (report.near_tie_mismatches, report.unexplained_mismatches) == (1, 0)
         assert report.passed
-        report.add(
-            plan,
-            StepLogits(0, ids, ref),
-            StepLogits(0, ids, ref.clone()),
-            (StepResult(0, np.array([0, 0, 0])), StepResult(0, np.array([0, 0, 1]))),
-        )
+        add([0, 0, 1])
         assert (report.token_mismatches, report.near_tie_mismatches, report.unexplained_mismatches) == (2, 1, 1)
         assert not report.passed
 
