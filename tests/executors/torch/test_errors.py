@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -12,6 +14,7 @@ from safetensors.torch import save_file  # noqa: E402
 from phasesched import InvalidPlanError, PhaseschedError, Request, Scheduler, SchedulerConfig  # noqa: E402
 from phasesched.errors import UnknownNameError  # noqa: E402
 from phasesched_torch import (  # noqa: E402
+    CheckpointError,
     LlamaConfig,
     LlamaModel,
     MissingTensorError,
@@ -150,10 +153,11 @@ class TestSafetensors:
             assert torch.equal(executor.model.weights.layers[1].gate_up, reference.weights.layers[1].gate_up)
             assert torch.equal(executor.model.weights.lm_head, state["lm_head.weight"])
 
-    def test_missing_checkpoint(self, tmp_path) -> None:
-        """A path with no checkpoint raises FileNotFoundError."""
-        with pytest.raises(FileNotFoundError):
+    def test_missing_checkpoint(self, tmp_path: Path) -> None:
+        """A path with no checkpoint raises CheckpointError naming it."""
+        with pytest.raises(CheckpointError, match="no safetensors checkpoint") as info:
             create_executor(model=TINY, num_pages=4, state_dict=tmp_path)
+        assert info.value.path == tmp_path
 
 
 class TestBadConfigs:

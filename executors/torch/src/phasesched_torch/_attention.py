@@ -91,6 +91,8 @@ class PagedAttentionPlan:
         logits_soft_cap: ``cap * tanh(s / cap)`` on the scores when positive.
         row_groups: Batched single-query slices.
         blocks: Query blocks of multi-query slices.
+        window_left: The sliding window the masks apply: keys at most this many positions
+            before the query (-1: none).
 
     """
 
@@ -101,6 +103,7 @@ class PagedAttentionPlan:
     logits_soft_cap: float
     row_groups: tuple[_RowGroup, ...]
     blocks: tuple[_QueryBlock, ...]
+    window_left: int = -1
 
     def scale(self, head_dim: int) -> float:
         """The softmax scale for heads of ``head_dim``."""
@@ -272,6 +275,7 @@ def plan_paged_attention(  # noqa: PLR0913 -- FlashInfer's plan() arguments
         logits_soft_cap=logits_soft_cap,
         row_groups=tuple(_row_groups(meta, causal, window_left, dev)),
         blocks=tuple(_query_blocks(meta, causal, window_left, dev)),
+        window_left=max(window_left, -1),
     )
 
 

@@ -218,7 +218,13 @@ class TorchExecutor:
         )
         cos, sin = rope_angles(positions.to(device), self.model.inv_freq)
         attention = plan_paged_attention(
-            plan.qo_indptr, plan.kv_indptr, plan.kv_indices, plan.kv_last_page_len, self.page_size, device=device
+            plan.qo_indptr,
+            plan.kv_indptr,
+            plan.kv_indices,
+            plan.kv_last_page_len,
+            self.page_size,
+            window_left=self.model.config.window_left,
+            device=device,
         )
         sample_rows = (plan.qo_indptr[1:].astype(np.int64) - 1)[plan.samples]
         return ForwardBatch(
