@@ -12,7 +12,7 @@ torch = pytest.importorskip("torch")
 import attrs  # noqa: E402
 from safetensors.torch import save_file  # noqa: E402
 
-from phasesched import InvalidPlanError, PhaseschedError, Request, Scheduler, SchedulerConfig  # noqa: E402
+from phasesched import InvalidPlanError, PhaseschedError, Request, Scheduler, SchedulerConfig, StepPlan  # noqa: E402
 from phasesched.errors import UnknownNameError, UnsupportedModelError  # noqa: E402
 from phasesched_torch import (  # noqa: E402
     CheckpointError,
@@ -37,7 +37,7 @@ def random_state_dict(config: LlamaConfig, seed: int = 0) -> dict[str, torch.Ten
     return {name: torch.randn(shape, generator=gen) * 0.1 for name, shape in expected_shapes(config).items()}
 
 
-def first_step(scheduler: Scheduler, request: Request):
+def first_step(scheduler: Scheduler, request: Request) -> StepPlan:
     scheduler.add_request(request)
     return scheduler.schedule()
 
@@ -141,7 +141,7 @@ class TestBadStateDicts:
 
 
 class TestSafetensors:
-    def test_file_and_sharded_directory(self, tmp_path) -> None:
+    def test_file_and_sharded_directory(self, tmp_path: Path) -> None:
         """A safetensors file and a directory of shards load the same weights as the in-memory dict."""
         state = random_state_dict(TINY)
         save_file(state, tmp_path / "model.safetensors")
@@ -312,8 +312,8 @@ class TestRefusedModels:
         batch = executor.prepare(synthetic_plan([0], [6], [[1, 2]], page_size=4))
         inner = batch.attention
 
-        def windowless(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache: torch.Tensor) -> torch.Tensor:
-            return inner(q, k, v, cache)
+        def windowless(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Tensor) -> torch.Tensor:
+            return inner(q, k, v, kv_cache)
 
         with pytest.raises(UnsupportedConfigError, match="sliding window of 4 tokens"):
             executor.model.forward(attrs.evolve(batch, attention=windowless), executor.kv_cache)
