@@ -152,7 +152,7 @@ class LlamaConfig:
 
     @property
     def window_left(self) -> int:
-        """The sliding window in FlashInfer's terms: keys at most this many positions back (-1: none)."""
+        """The sliding window in FlashInfer's terms, the farthest key position back a query sees (-1 for none)."""
         return -1 if self.sliding_window is None else self.sliding_window - 1
 
     @classmethod

@@ -8,7 +8,7 @@ fault, since a 7-billion-parameter state dict is otherwise impossible to debug.
 
 from __future__ import annotations
 
-from pathlib import Path
+import pathlib
 
 from phasesched.errors import InvalidPlanError, PhaseschedError, UnsupportedModelError
 
@@ -54,7 +54,7 @@ class CheckpointError(PhaseschedError, ValueError):
 
     """
 
-    def __init__(self, path: Path, problem: str) -> None:
+    def __init__(self, path: pathlib.Path, problem: str) -> None:
         super().__init__(f"{path}: {problem}")
         self.path = path
 

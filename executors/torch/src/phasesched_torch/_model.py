@@ -68,7 +68,7 @@ class SlidingWindowAttention(StepAttention, Protocol):
 
     @property
     def window_left(self) -> int:
-        """Keys at most this many positions before the query are visible (-1: the whole context)."""
+        """How far back a query sees, in positions before it (-1 for the whole context)."""
         ...
 
 
