@@ -217,18 +217,22 @@ class TestOtherArchitectures:
         assert any(k.endswith("q_proj.bias") for k in reference(name)[0].state_dict())
         assert not any(k.endswith("o_proj.bias") for k in reference(name)[0].state_dict())
 
-    def test_tied_config_keeps_the_checkpoints_lm_head(self, tmp_path: Path) -> None:
-        """A tied config whose checkpoint carries its own lm_head uses it, as transformers' from_pretrained does."""
-        config = attrs.evolve(TINY, tie_word_embeddings=True)
-        state = {name: t.clone().contiguous() for name, t in hf_model(config).state_dict().items()}
-        state["lm_head.weight"] = torch.randn(state["lm_head.weight"].shape, generator=torch.Generator().manual_seed(3))
+    @pytest.mark.parametrize("name", ["tied-own-head", "mistral-window"])
+    def test_model_folder_matches_from_pretrained(self, name: str, tmp_path: Path) -> None:
+        """A saved model folder runs as transformers' from_pretrained runs it (a tied config with its own head kept)."""
+        config = attrs.evolve(TINY, tie_word_embeddings=True) if name == "tied-own-head" else CONFIGS[name]
+        model = hf_model(config)
+        state = {key: tensor.clone().contiguous() for key, tensor in model.state_dict().items()}
+        if name == "tied-own-head":
+            head = state["lm_head.weight"]
+            state["lm_head.weight"] = torch.randn(head.shape, generator=torch.Generator().manual_seed(3)) * 0.2
         save_file(state, tmp_path / "model.safetensors", metadata={"format": "pt"})
-        hf_model(config).config.save_pretrained(tmp_path)
+        model.config.save_pretrained(tmp_path)
         hf = transformers.AutoModelForCausalLM.from_pretrained(tmp_path, attn_implementation="eager").eval()
-        assert hf.config.tie_word_embeddings
         assert torch.equal(hf.lm_head.weight, state["lm_head.weight"]), "transformers no longer keeps the head"
         prompts = random_prompts(PROMPT_LENGTHS, config.vocab_size, seed=1)
         executor = create_executor(model=tmp_path, num_pages=64, page_size=4)
+        assert executor.model.config == config
         run = run_engine(executor, POLICIES["chunk-7"], make_requests(prompts, MAX_NEW), num_pages=64, page_size=4)
         check_run(run, generate_reference(hf, prompts))
 
