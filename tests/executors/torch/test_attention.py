@@ -190,11 +190,7 @@ class TestPagedAttention:
     def test_mask_options(
         self, causal: bool, window_left: int, soft_cap: float, lengths: tuple[tuple[int, int], ...]
     ) -> None:
-        """Non-causal, sliding-window and soft-capped attention match a direct dense computation.
-
-        The long cases put decodes of contexts shorter and longer than the window in one bucket,
-        and prefill chunks that start before, inside and past it.
-        """
+        """Non-causal, sliding-window (around short and long contexts) and soft-capped attention match a dense one."""
         case = Case(page_size=4, kv_heads=2, group=2, head_dim=8, lengths=lengths, seed=11)
         batch = build(case)
         out, lse = paged_attention(
