@@ -21,6 +21,7 @@ __all__ = [
     "UnknownNameError",
     "UnknownRequestError",
     "UnknownTableError",
+    "UnsupportedModelError",
 ]
 
 
@@ -106,3 +107,7 @@ class UnknownNameError(PhaseschedError, LookupError):
 
 class DuplicateNameError(PhaseschedError, ValueError):
     """Two plugins claim the same name in one registry group."""
+
+
+class UnsupportedModelError(PhaseschedError, ValueError):
+    """An executor cannot run this model (its architecture, or a feature of its config); nothing was built."""

@@ -26,6 +26,11 @@ from phasesched_torch import (  # noqa: E402
 LN2 = math.log(2.0)
 
 
+SHORT = ((5, 9), (1, 6), (7, 7))
+LONG = ((20, 45), (1, 30), (1, 17), (1, 3), (9, 12), (1, 1), (3, 40), (1, 28))
+"""(q_len, kv_len) per slice: a few short slices, and long ones around a window of a few tokens."""
+
+
 @attrs.frozen
 class Case:
     """A random batch: slices with (q_len, kv_len), pages scattered through a larger cache."""
@@ -170,11 +175,23 @@ class TestPagedAttention:
         torch.testing.assert_close(out.double(), ref, atol=2e-2, rtol=2e-2)
 
     @pytest.mark.parametrize(
-        ("causal", "window_left", "soft_cap"), [(False, -1, 0.0), (True, 3, 0.0), (True, -1, 5.0), (False, 2, 1.5)]
+        ("causal", "window_left", "soft_cap", "lengths"),
+        [
+            (False, -1, 0.0, SHORT),
+            (True, 3, 0.0, SHORT),
+            (True, -1, 5.0, SHORT),
+            (False, 2, 1.5, SHORT),
+            (True, 0, 0.0, LONG),
+            (True, 6, 0.0, LONG),
+            (True, 15, 0.0, LONG),
+            (False, 6, 0.0, LONG),
+        ],
     )
-    def test_mask_options(self, causal: bool, window_left: int, soft_cap: float) -> None:
-        """Non-causal, sliding-window and soft-capped attention match a direct dense computation."""
-        case = Case(page_size=4, kv_heads=2, group=2, head_dim=8, lengths=((5, 9), (1, 6), (7, 7)), seed=11)
+    def test_mask_options(
+        self, causal: bool, window_left: int, soft_cap: float, lengths: tuple[tuple[int, int], ...]
+    ) -> None:
+        """Non-causal, sliding-window (around short and long contexts) and soft-capped attention match a dense one."""
+        case = Case(page_size=4, kv_heads=2, group=2, head_dim=8, lengths=lengths, seed=11)
         batch = build(case)
         out, lse = paged_attention(
             batch.q,
@@ -203,6 +220,15 @@ class TestPagedAttention:
             rows = slice(batch.qo_indptr[b], batch.qo_indptr[b + 1])
             torch.testing.assert_close(out[rows].double(), expected, atol=1e-5, rtol=1e-5)
             torch.testing.assert_close(lse[rows].double(), (torch.logsumexp(s, -1) / LN2).T, atol=1e-5, rtol=1e-5)
+
+    def test_window_bounds_the_gathered_keys(self) -> None:
+        """With a sliding window, decodes and prefill blocks gather only the keys inside it, whatever the context."""
+        case = Case(page_size=4, kv_heads=2, group=2, head_dim=8, lengths=LONG, seed=11)
+        batch = build(case)
+        plan = plan_paged_attention(*batch.meta, case.page_size, window_left=5)
+        assert plan.window_left == 5
+        assert all(group.pages.shape[1] <= 6 for group in plan.row_groups)
+        assert all(block.pages.shape[0] <= block.q_end - block.q_start + 5 for block in plan.blocks)
 
     def test_empty_batch(self) -> None:
         """A batch with no slices gives empty outputs."""

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -9,9 +12,11 @@ torch = pytest.importorskip("torch")
 import attrs  # noqa: E402
 from safetensors.torch import save_file  # noqa: E402
 
-from phasesched import InvalidPlanError, PhaseschedError, Request, Scheduler, SchedulerConfig  # noqa: E402
-from phasesched.errors import UnknownNameError  # noqa: E402
+from phasesched import InvalidPlanError, PhaseschedError, Request, Scheduler, SchedulerConfig, StepPlan  # noqa: E402
+from phasesched.errors import UnknownNameError, UnsupportedModelError  # noqa: E402
 from phasesched_torch import (  # noqa: E402
+    CheckpointError,
+    DeviceUnavailableError,
     LlamaConfig,
     LlamaModel,
     MissingTensorError,
@@ -19,6 +24,7 @@ from phasesched_torch import (  # noqa: E402
     StateDictError,
     TensorShapeError,
     UnexpectedTensorError,
+    UnsupportedArchitectureError,
     UnsupportedConfigError,
     create_executor,
     expected_shapes,
@@ -31,7 +37,7 @@ def random_state_dict(config: LlamaConfig, seed: int = 0) -> dict[str, torch.Ten
     return {name: torch.randn(shape, generator=gen) * 0.1 for name, shape in expected_shapes(config).items()}
 
 
-def first_step(scheduler: Scheduler, request: Request):
+def first_step(scheduler: Scheduler, request: Request) -> StepPlan:
     scheduler.add_request(request)
     return scheduler.schedule()
 
@@ -135,7 +141,7 @@ class TestBadStateDicts:
 
 
 class TestSafetensors:
-    def test_file_and_sharded_directory(self, tmp_path) -> None:
+    def test_file_and_sharded_directory(self, tmp_path: Path) -> None:
         """A safetensors file and a directory of shards load the same weights as the in-memory dict."""
         state = random_state_dict(TINY)
         save_file(state, tmp_path / "model.safetensors")
@@ -150,10 +156,11 @@ class TestSafetensors:
             assert torch.equal(executor.model.weights.layers[1].gate_up, reference.weights.layers[1].gate_up)
             assert torch.equal(executor.model.weights.lm_head, state["lm_head.weight"])
 
-    def test_missing_checkpoint(self, tmp_path) -> None:
-        """A path with no checkpoint raises FileNotFoundError."""
-        with pytest.raises(FileNotFoundError):
+    def test_missing_checkpoint(self, tmp_path: Path) -> None:
+        """A path with no checkpoint raises CheckpointError naming it."""
+        with pytest.raises(CheckpointError, match="no safetensors checkpoint") as info:
             create_executor(model=TINY, num_pages=4, state_dict=tmp_path)
+        assert info.value.path == tmp_path
 
 
 class TestBadConfigs:
@@ -186,3 +193,210 @@ class TestBadConfigs:
             create_executor(dtype="float8")
         with pytest.raises(UnknownNameError):
             create_executor(dtype=torch.int8)
+
+
+def one_line(error: BaseException) -> str:
+    """The error's message, checked to be a single line."""
+    message = str(error)
+    assert "\n" not in message, message
+    return message
+
+
+def write_folder(root: Path, config: dict[str, object] | None, state: dict[str, torch.Tensor] | None) -> Path:
+    """A model folder: ``config.json`` (unless ``None``) and ``model.safetensors`` (unless ``None``)."""
+    root.mkdir(exist_ok=True)
+    if config is not None:
+        (root / "config.json").write_text(json.dumps(config), encoding="utf-8")
+    if state is not None:
+        save_file(state, root / "model.safetensors")
+    return root
+
+
+class TestRefusedModels:
+    @pytest.mark.parametrize("model_type", ["qwen3", "phi3", "mixtral", "gemma", "qwen2_moe"])
+    def test_other_architectures_are_refused(self, model_type: str) -> None:
+        """A transformers config of an architecture not implemented is refused, naming it, not built as a Llama."""
+        transformers = pytest.importorskip("transformers")
+        values = transformers.AutoConfig.for_model(model_type).to_dict()
+        with pytest.raises(UnsupportedArchitectureError, match=model_type) as info:
+            create_executor(model=values, num_pages=4)
+        assert info.value.architecture == model_type
+        assert isinstance(info.value, UnsupportedModelError)
+        assert "llama, mistral, qwen2" in one_line(info.value)
+
+    @pytest.mark.parametrize(
+        ("change", "refused"),
+        [
+            ({"architectures": ["Qwen3ForCausalLM"]}, "Qwen3ForCausalLM"),
+            ({"architectures": ["MixtralForCausalLM"]}, "MixtralForCausalLM"),
+            (
+                {"model_type": "llama", "architectures": ["LlamaForSequenceClassification"]},
+                "LlamaForSequenceClassification",
+            ),
+            ({"model_type": "llama", "architectures": ["MistralForCausalLM"]}, "MistralForCausalLM"),
+        ],
+    )
+    def test_architectures_entries_are_checked(self, change: dict[str, object], refused: str) -> None:
+        """An ``architectures`` entry that is not the causal LM class of a supported model_type is refused."""
+        with pytest.raises(UnsupportedArchitectureError) as info:
+            LlamaConfig.from_hf({**TINY.to_hf(), **change})
+        assert info.value.architecture == refused
+
+    def test_architecture_names_the_model_type(self) -> None:
+        """A dict naming only its class reads as that model_type; one naming nothing reads as a Llama."""
+        bare = {k: v for k, v in TINY.to_hf().items() if k != "architectures"}
+        assert LlamaConfig.from_hf(bare) == TINY
+        mistral = LlamaConfig.from_hf({**bare, "architectures": ["MistralForCausalLM"], "sliding_window": 16})
+        assert (mistral.model_type, mistral.sliding_window) == ("mistral", 16)
+
+    def test_constructed_configs_are_checked(self) -> None:
+        """A LlamaConfig built by hand is held to the same rules as one read from transformers."""
+        with pytest.raises(UnsupportedArchitectureError, match="qwen3"):
+            attrs.evolve(TINY, model_type="qwen3")
+        with pytest.raises(UnsupportedConfigError, match="llama has no sliding window"):
+            attrs.evolve(TINY, sliding_window=8)
+        with pytest.raises(UnsupportedConfigError, match="fixes its biases"):
+            attrs.evolve(TINY, model_type="mistral", attention_bias=True)
+
+    @pytest.mark.parametrize(
+        "values",
+        [
+            {"model_type": "qwen2", "use_sliding_window": True, "sliding_window": 4, "max_window_layers": 1},
+            {"model_type": "mistral", "sliding_window": 4, "layer_types": ["sliding_attention", "full_attention"]},
+            {"model_type": "mistral", "layer_types": ["chunked_attention", "chunked_attention"]},
+        ],
+    )
+    def test_mixed_layer_types_are_refused(self, values: dict[str, object]) -> None:
+        """Layers that mix sliding-window and full attention (or another kind) are refused, not run with one window."""
+        with pytest.raises(UnsupportedConfigError, match="layer_types"):
+            LlamaConfig.from_hf({**TINY.to_hf(), "architectures": None, **values})
+
+    def test_window_defaults_follow_transformers(self) -> None:
+        """A Mistral config without sliding_window gets transformers' default; Qwen2 needs use_sliding_window."""
+        transformers = pytest.importorskip("transformers")
+        bare = {**TINY.to_hf(), "architectures": None, "attention_bias": True}
+        mistral = LlamaConfig.from_hf({**bare, "model_type": "mistral"})
+        assert mistral.sliding_window == transformers.MistralConfig().sliding_window
+        assert not mistral.attention_bias  # MistralForCausalLM has no biases, whatever the dict says
+        qwen2 = LlamaConfig.from_hf({**bare, "model_type": "qwen2", "sliding_window": 4})
+        assert qwen2.sliding_window is None
+        assert (qwen2.qkv_bias, qwen2.attention_bias) == (True, False)
+
+    @pytest.mark.parametrize("rope_type", ["linear", "dynamic", "yarn", "longrope"])
+    def test_other_rope_types_are_refused(self, rope_type: str) -> None:
+        """RoPE scalings other than default and llama3 are refused, naming the type."""
+        rope = {"rope_type": rope_type, "rope_theta": 1e4, "factor": 2.0}
+        with pytest.raises(UnsupportedConfigError, match=rope_type):
+            LlamaConfig.from_hf({**TINY.to_hf(), "rope_parameters": rope})
+
+    @pytest.mark.parametrize("spelling", ["rope_parameters", "rope_scaling"])
+    def test_llama3_rope_without_factor(self, spelling: str) -> None:
+        """A llama3 rope block without factor is a one-line UnsupportedConfigError, not a KeyError."""
+        rope = {"rope_type": "llama3", "low_freq_factor": 1.0, "high_freq_factor": 4.0}
+        rope |= {"original_max_position_embeddings": 8192, "rope_theta": 5e5}
+        with pytest.raises(UnsupportedConfigError, match="rope scaling of type 'llama3' has no 'factor'") as info:
+            LlamaConfig.from_hf({**TINY.to_hf(), "rope_parameters": None, spelling: rope})
+        one_line(info.value)
+
+    def test_invalid_values_are_typed(self) -> None:
+        """A config.json whose values break the config's own checks raises a PhaseschedError."""
+        with pytest.raises(UnsupportedConfigError, match="vocab_size"):
+            LlamaConfig.from_hf({**TINY.to_hf(), "vocab_size": 0})
+        with pytest.raises(PhaseschedError, match="multiple"):
+            LlamaConfig.from_hf({**TINY.to_hf(), "num_key_value_heads": 3})
+
+    def test_attention_that_ignores_the_window_is_refused(self) -> None:
+        """A sliding-window model refuses a StepAttention that does not declare its window; nothing is written."""
+        config = attrs.evolve(TINY, model_type="mistral", sliding_window=4)
+        executor = create_executor(model=config, num_pages=8, page_size=4)
+        batch = executor.prepare(synthetic_plan([0], [6], [[1, 2]], page_size=4))
+        inner = batch.attention
+
+        def windowless(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Tensor) -> torch.Tensor:
+            return inner(q, k, v, kv_cache)
+
+        with pytest.raises(UnsupportedConfigError, match="sliding window of 4 tokens"):
+            executor.model.forward(attrs.evolve(batch, attention=windowless), executor.kv_cache)
+        assert all(not cache.any() for cache in executor.kv_cache)
+        executor.model.forward(batch, executor.kv_cache)  # the executor's own attention declares it
+
+
+class TestModelFolders:
+    def test_folder_loads_config_and_weights(self, tmp_path: Path) -> None:
+        """A folder with config.json and safetensors builds that config with those weights."""
+        state = random_state_dict(TINY)
+        folder = write_folder(tmp_path / "m", TINY.to_hf(), state)
+        executor = create_executor(model=folder, num_pages=4)
+        assert executor.model.config == TINY
+        assert torch.equal(executor.model.weights.lm_head, state["lm_head.weight"])
+        assert create_executor(model=str(folder), num_pages=4).model.config == TINY
+
+    def test_missing_config_json(self, tmp_path: Path) -> None:
+        """A folder without config.json is a one-line CheckpointError naming the folder."""
+        folder = write_folder(tmp_path / "m", None, random_state_dict(TINY))
+        with pytest.raises(CheckpointError, match=r"no config\.json") as info:
+            create_executor(model=folder, num_pages=4)
+        assert info.value.path == folder
+        one_line(info.value)
+
+    def test_config_json_that_is_not_json(self, tmp_path: Path) -> None:
+        """A config.json that does not parse is a one-line CheckpointError naming the file."""
+        folder = write_folder(tmp_path / "m", None, None)
+        (folder / "config.json").write_text('{"hidden_size": 64,', encoding="utf-8")
+        with pytest.raises(CheckpointError, match="not a readable JSON config") as info:
+            create_executor(model=folder, num_pages=4)
+        assert info.value.path == folder / "config.json"
+        one_line(info.value)
+
+    @pytest.mark.parametrize("keep", [0.5, 0.001])
+    def test_truncated_safetensors(self, tmp_path: Path, keep: float) -> None:
+        """A truncated safetensors file is a one-line CheckpointError naming the file."""
+        folder = write_folder(tmp_path / "m", TINY.to_hf(), random_state_dict(TINY))
+        file = folder / "model.safetensors"
+        data = file.read_bytes()
+        file.write_bytes(data[: int(len(data) * keep)])
+        with pytest.raises(CheckpointError, match="not a readable safetensors file") as info:
+            create_executor(model=folder, num_pages=4)
+        assert info.value.path == file
+        one_line(info.value)
+
+    def test_folder_without_weights(self, tmp_path: Path) -> None:
+        """A folder with a config but no safetensors is a CheckpointError, not random weights."""
+        folder = write_folder(tmp_path / "m", TINY.to_hf(), None)
+        with pytest.raises(CheckpointError, match="no safetensors checkpoint"):
+            create_executor(model=folder, num_pages=4)
+
+    def test_llama3_rope_without_factor_in_a_folder(self, tmp_path: Path) -> None:
+        """A folder whose config.json has a llama3 rope block without factor fails before reading weights."""
+        rope = {"rope_type": "llama3", "rope_theta": 5e5, "low_freq_factor": 1.0, "high_freq_factor": 4.0}
+        config = {**TINY.to_hf(), "rope_parameters": {**rope, "original_max_position_embeddings": 64}}
+        folder = write_folder(tmp_path / "m", config, None)
+        with pytest.raises(UnsupportedConfigError, match="no 'factor'") as info:
+            create_executor(model=folder, num_pages=4)
+        one_line(info.value)
+
+    def test_neither_preset_nor_folder(self, tmp_path: Path) -> None:
+        """A name that is no preset and no path raises UnknownNameError listing the presets."""
+        with pytest.raises(UnknownNameError, match=r"no model folder there; known presets: .*tiny"):
+            create_executor(model=str(tmp_path / "absent"), num_pages=4)
+
+
+class TestDevices:
+    @pytest.mark.skipif(torch.cuda.is_available(), reason="needs a torch that sees no CUDA device")
+    def test_cuda_without_cuda(self) -> None:
+        """device='cuda' on a CPU-only torch is a one-line DeviceUnavailableError before any weight is built."""
+        with pytest.raises(DeviceUnavailableError, match="sees no CUDA device") as info:
+            create_executor(model="llama-3-70b", device="cuda")
+        one_line(info.value)
+        assert isinstance(info.value, PhaseschedError)
+
+    @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+    def test_cuda_index_past_the_last(self) -> None:
+        """A CUDA index past the visible devices is a DeviceUnavailableError."""
+        with pytest.raises(DeviceUnavailableError, match="CUDA device"):
+            create_executor(model="tiny", device=f"cuda:{torch.cuda.device_count()}")
+
+    def test_not_a_device(self) -> None:
+        """A device string torch does not parse is a DeviceUnavailableError."""
+        with pytest.raises(DeviceUnavailableError, match="not a torch device"):
+            create_executor(model="tiny", device="gpu0")

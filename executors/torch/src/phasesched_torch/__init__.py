@@ -1,8 +1,9 @@
 """phasesched-torch: the reference PyTorch executor for phasesched.
 
-A Llama-architecture decoder whose forward pass is driven only by a :class:`phasesched.StepPlan`:
-one forward per step over a mixed ragged batch of prefill chunks and decodes, a paged KV cache in
-FlashInfer's NHD layout, and greedy or seeded temperature / top-k / top-p sampling::
+A Llama-style decoder (Llama, Mistral, Qwen2: :data:`ARCHITECTURES`) whose forward pass is
+driven only by a :class:`phasesched.StepPlan`: one forward per step over a mixed ragged batch of
+prefill chunks and decodes, a paged KV cache in FlashInfer's NHD layout, and greedy or seeded
+temperature / top-k / top-p sampling::
 
     from phasesched_torch import create_executor
     executor = create_executor(model="tiny", num_pages=256, page_size=16)
@@ -20,14 +21,18 @@ from phasesched_torch._attention import PagedAttentionPlan as PagedAttentionPlan
 from phasesched_torch._attention import paged_attention as paged_attention
 from phasesched_torch._attention import plan_paged_attention as plan_paged_attention
 from phasesched_torch._attention import run_paged_attention as run_paged_attention
+from phasesched_torch._config import ARCHITECTURES as ARCHITECTURES
 from phasesched_torch._config import PRESETS as PRESETS
 from phasesched_torch._config import Llama3RopeScaling as Llama3RopeScaling
 from phasesched_torch._config import LlamaConfig as LlamaConfig
+from phasesched_torch._errors import CheckpointError as CheckpointError
+from phasesched_torch._errors import DeviceUnavailableError as DeviceUnavailableError
 from phasesched_torch._errors import MissingTensorError as MissingTensorError
 from phasesched_torch._errors import PlanNotExecutableError as PlanNotExecutableError
 from phasesched_torch._errors import StateDictError as StateDictError
 from phasesched_torch._errors import TensorShapeError as TensorShapeError
 from phasesched_torch._errors import UnexpectedTensorError as UnexpectedTensorError
+from phasesched_torch._errors import UnsupportedArchitectureError as UnsupportedArchitectureError
 from phasesched_torch._errors import UnsupportedConfigError as UnsupportedConfigError
 from phasesched_torch._executor import StepLogits as StepLogits
 from phasesched_torch._executor import TorchExecutor as TorchExecutor
@@ -42,6 +47,7 @@ from phasesched_torch._kv_cache import kv_write_slots as kv_write_slots
 from phasesched_torch._kv_cache import write_paged_kv as write_paged_kv
 from phasesched_torch._model import ForwardBatch as ForwardBatch
 from phasesched_torch._model import LlamaModel as LlamaModel
+from phasesched_torch._model import SlidingWindowAttention as SlidingWindowAttention
 from phasesched_torch._model import StepAttention as StepAttention
 from phasesched_torch._model import TorchAttention as TorchAttention
 from phasesched_torch._rope import apply_rope as apply_rope
@@ -62,7 +68,10 @@ except PackageNotFoundError:  # running from a source tree that was never instal
     __version__ = "0+unknown"
 
 __all__ = [
+    "ARCHITECTURES",
     "PRESETS",
+    "CheckpointError",
+    "DeviceUnavailableError",
     "ForwardBatch",
     "KVLayout",
     "LayerWeights",
@@ -75,6 +84,7 @@ __all__ = [
     "PagedKVCache",
     "PlanNotExecutableError",
     "RequestSampler",
+    "SlidingWindowAttention",
     "StateDictError",
     "StepAttention",
     "StepLogits",
@@ -82,6 +92,7 @@ __all__ = [
     "TorchAttention",
     "TorchExecutor",
     "UnexpectedTensorError",
+    "UnsupportedArchitectureError",
     "UnsupportedConfigError",
     "__version__",
     "append_paged_kv_cache",

@@ -91,6 +91,8 @@ class PagedAttentionPlan:
         logits_soft_cap: ``cap * tanh(s / cap)`` on the scores when positive.
         row_groups: Batched single-query slices.
         blocks: Query blocks of multi-query slices.
+        window_left: The sliding window the masks apply: keys at most this many positions
+            before the query (-1: none).
 
     """
 
@@ -101,6 +103,7 @@ class PagedAttentionPlan:
     logits_soft_cap: float
     row_groups: tuple[_RowGroup, ...]
     blocks: tuple[_QueryBlock, ...]
+    window_left: int = -1
 
     def scale(self, head_dim: int) -> float:
         """The softmax scale for heads of ``head_dim``."""
@@ -174,23 +177,26 @@ def _visible(kpos: NDArray[np.int64], qpos: NDArray[np.int64], causal: bool, win
 
 
 def _row_groups(meta: _HostMeta, causal: bool, window_left: int, device: torch.device) -> list[_RowGroup]:
-    """Bucket single-query slices, longest context first, so each bucket pads little.
+    """Bucket single-query slices, longest visible context first, so each bucket pads little.
 
     A bucket holds rows within a quarter of its longest context (and within the memory cap), so
     its padded work stays close to the sum of its contexts, as a paged kernel's does: a short
-    decode beside a long one does not pay for the long one's context.
+    decode beside a long one does not pay for the long one's context. With a sliding window a
+    row gathers only the window's keys, the last ``window_left + 1`` of its context.
     """
     single = np.flatnonzero(meta.q_len == 1)
-    order = single[np.argsort(-meta.kv_len[single], kind="stable")]
+    span = meta.kv_len if window_left < 0 else np.minimum(meta.kv_len, window_left + 1)
+    order = single[np.argsort(-span[single], kind="stable")]
     groups, i = [], 0
     while i < len(order):
-        longest = int(meta.kv_len[order[i]])
+        longest = int(span[order[i]])
         candidates = order[i : i + max(1, _MAX_GATHER_TOKENS // longest)]
-        similar = meta.kv_len[candidates] * 4 >= longest * 3
+        similar = span[candidates] * 4 >= longest * 3
         chunk = candidates[: max(1, len(similar) if similar.all() else int(np.argmin(similar)))]
         i += len(chunk)
         lengths = meta.kv_len[chunk][:, None]
-        kpos = np.arange(int(lengths.max()), dtype=np.int64)[None, :]
+        first = np.maximum(lengths - longest, 0)  # 0 without a window: every context from its start
+        kpos = first + np.arange(longest, dtype=np.int64)[None, :]
         mask = (kpos < lengths) & _visible(kpos, lengths - 1, causal, window_left)
         pages = meta.token_pages(chunk, kpos)
         groups.append(
@@ -217,9 +223,12 @@ def _query_blocks(meta: _HostMeta, causal: bool, window_left: int, device: torch
         for a in range(0, q_len, step):
             qpos = qpos_all[a : a + step]
             end = int(qpos[-1]) + 1 if causal else kv_len  # causal rows never see past their last position
-            mask = _visible(kpos[None, :end], qpos[:, None], causal, window_left)
+            begin = max(int(qpos[0]) - window_left, 0) if window_left >= 0 else 0  # nor before their window
+            mask = _visible(kpos[None, begin:end], qpos[:, None], causal, window_left)
             blocks.append(
-                _QueryBlock(q0 + a, q0 + a + len(qpos), pages[:end], offsets[:end], torch.from_numpy(mask).to(device))
+                _QueryBlock(
+                    q0 + a, q0 + a + len(qpos), pages[begin:end], offsets[begin:end], torch.from_numpy(mask).to(device)
+                )
             )
     return blocks
 
@@ -272,6 +281,7 @@ def plan_paged_attention(  # noqa: PLR0913 -- FlashInfer's plan() arguments
         logits_soft_cap=logits_soft_cap,
         row_groups=tuple(_row_groups(meta, causal, window_left, dev)),
         blocks=tuple(_query_blocks(meta, causal, window_left, dev)),
+        window_left=max(window_left, -1),
     )
 
 

@@ -8,14 +8,19 @@ fault, since a 7-billion-parameter state dict is otherwise impossible to debug.
 
 from __future__ import annotations
 
-from phasesched.errors import InvalidPlanError, PhaseschedError
+import pathlib
+
+from phasesched.errors import InvalidPlanError, PhaseschedError, UnsupportedModelError
 
 __all__ = [
+    "CheckpointError",
+    "DeviceUnavailableError",
     "MissingTensorError",
     "PlanNotExecutableError",
     "StateDictError",
     "TensorShapeError",
     "UnexpectedTensorError",
+    "UnsupportedArchitectureError",
     "UnsupportedConfigError",
 ]
 
@@ -24,8 +29,38 @@ class PlanNotExecutableError(InvalidPlanError):
     """A plan this executor cannot run (pages outside the cache, no token ids, ...); nothing ran."""
 
 
-class UnsupportedConfigError(PhaseschedError, ValueError):
-    """A model configuration this Llama implementation cannot represent (activation, RoPE type)."""
+class UnsupportedConfigError(UnsupportedModelError):
+    """A model configuration this implementation cannot represent (activation, RoPE type, mixed windows)."""
+
+
+class UnsupportedArchitectureError(UnsupportedConfigError):
+    """A model architecture this executor does not implement (Qwen3, Phi-3, Mixtral, ...).
+
+    Attributes:
+        architecture: The ``model_type`` or ``architectures`` entry of the config that is refused.
+
+    """
+
+    def __init__(self, architecture: str, supported: tuple[str, ...]) -> None:
+        super().__init__(f"architecture {architecture!r} is not supported; supported: {', '.join(supported)}")
+        self.architecture = architecture
+
+
+class CheckpointError(PhaseschedError, ValueError):
+    """A model folder or checkpoint file that cannot be read; nothing was built.
+
+    Attributes:
+        path: The file or folder at fault.
+
+    """
+
+    def __init__(self, path: pathlib.Path, problem: str) -> None:
+        super().__init__(f"{path}: {problem}")
+        self.path = path
+
+
+class DeviceUnavailableError(PhaseschedError, RuntimeError):
+    """The requested device does not exist here (CUDA on a CPU-only torch build, a GPU index too high)."""
 
 
 class StateDictError(PhaseschedError, ValueError):

@@ -9,9 +9,11 @@ plan: sampling parameters from ``plan.new_requests``, dropped on ``plan.released
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Mapping
 from os import PathLike
+from pathlib import Path
 from typing import Any
 
 import attrs
@@ -21,8 +23,8 @@ import torch
 from phasesched import StepPlan, StepResult
 from phasesched.errors import UnknownNameError
 from phasesched_torch._attention import plan_paged_attention
-from phasesched_torch._config import LlamaConfig
-from phasesched_torch._errors import PlanNotExecutableError
+from phasesched_torch._config import PRESETS, LlamaConfig
+from phasesched_torch._errors import CheckpointError, DeviceUnavailableError, PlanNotExecutableError
 from phasesched_torch._kv_cache import kv_write_slots
 from phasesched_torch._model import ForwardBatch, LlamaModel, TorchAttention
 from phasesched_torch._rope import rope_angles
@@ -218,7 +220,13 @@ class TorchExecutor:
         )
         cos, sin = rope_angles(positions.to(device), self.model.inv_freq)
         attention = plan_paged_attention(
-            plan.qo_indptr, plan.kv_indptr, plan.kv_indices, plan.kv_last_page_len, self.page_size, device=device
+            plan.qo_indptr,
+            plan.kv_indptr,
+            plan.kv_indices,
+            plan.kv_last_page_len,
+            self.page_size,
+            window_left=self.model.config.window_left,
+            device=device,
         )
         sample_rows = (plan.qo_indptr[1:].astype(np.int64) - 1)[plan.samples]
         return ForwardBatch(
@@ -228,14 +236,72 @@ class TorchExecutor:
         )
 
 
-def _resolve_config(model: str | LlamaConfig | Mapping[str, Any], num_layers: int | None) -> LlamaConfig:
+ModelSource = str | PathLike[str] | LlamaConfig | Mapping[str, Any]
+"""A preset name, a model folder, a :class:`LlamaConfig` or a Hugging Face ``config.json`` dict."""
+WeightsSource = Mapping[str, torch.Tensor] | str | PathLike[str] | None
+"""A state dict, a safetensors file or a directory of shards; ``None``: see :func:`load_model`."""
+
+
+def _resolve_model(model: ModelSource, state_dict: WeightsSource) -> tuple[LlamaConfig, WeightsSource]:
+    """The config ``model`` names, and the weights to load (a model folder's own by default)."""
     if isinstance(model, LlamaConfig):
-        config = model
-    elif isinstance(model, str):
-        config = LlamaConfig.preset(model)
-    else:
-        config = LlamaConfig.from_hf(model)
-    return config if num_layers is None else attrs.evolve(config, num_layers=num_layers)
+        return model, state_dict
+    if isinstance(model, Mapping):
+        return LlamaConfig.from_hf(model), state_dict
+    if isinstance(model, str) and model in PRESETS:
+        return PRESETS[model], state_dict
+    root = Path(model)
+    if not root.exists():
+        known = ", ".join(sorted(PRESETS))
+        msg = f"no model preset named {str(model)!r} and no model folder there; known presets: {known}"
+        raise UnknownNameError(msg)
+    return LlamaConfig.from_hf(_read_config_json(root)), root if state_dict is None else state_dict
+
+
+def _read_config_json(root: Path) -> Mapping[str, Any]:
+    """A model folder's ``config.json`` as a dict.
+
+    Raises:
+        CheckpointError: ``root`` is not a folder, has no ``config.json``, or it is not a JSON object.
+
+    """
+    if not root.is_dir():
+        raise CheckpointError(root, "not a model folder (a directory holding config.json and *.safetensors)")
+    path = root / "config.json"
+    if not path.is_file():
+        raise CheckpointError(root, "model folder has no config.json")
+    try:
+        values = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise CheckpointError(path, f"not a readable JSON config ({error})") from error
+    if not isinstance(values, dict):
+        raise CheckpointError(path, f"holds a JSON {type(values).__name__}, not an object")
+    return values
+
+
+def _resolve_device(device: str | torch.device) -> torch.device:
+    """``device`` as a torch device that exists here.
+
+    Raises:
+        DeviceUnavailableError: Not a device name, CUDA on a torch without CUDA (or no GPU
+            visible), or a GPU index past the last.
+
+    """
+    try:
+        resolved = torch.device(device)
+    except (RuntimeError, TypeError) as error:
+        msg = f"{device!r} is not a torch device ({error})"
+        raise DeviceUnavailableError(msg) from error
+    if resolved.type != "cuda":
+        return resolved
+    if not torch.cuda.is_available():
+        build = "a CPU-only build" if torch.version.cuda is None else f"built for CUDA {torch.version.cuda}"
+        msg = f"device {str(resolved)!r} asked for, but torch {torch.__version__} ({build}) sees no CUDA device"
+        raise DeviceUnavailableError(msg)
+    if resolved.index is not None and resolved.index >= torch.cuda.device_count():
+        msg = f"device {str(resolved)!r} asked for, but only {torch.cuda.device_count()} CUDA device(s) are visible"
+        raise DeviceUnavailableError(msg)
+    return resolved
 
 
 def _resolve_dtype(dtype: str | torch.dtype) -> torch.dtype:
@@ -253,59 +319,71 @@ def _resolve_dtype(dtype: str | torch.dtype) -> torch.dtype:
 
 def load_model(  # noqa: PLR0913 -- the model's keyword-only knobs, each with a default
     *,
-    model: str | LlamaConfig | Mapping[str, Any] = "tiny",
+    model: ModelSource = "tiny",
     device: str | torch.device = "cpu",
     dtype: str | torch.dtype = "float32",
     seed: int = 0,
-    state_dict: Mapping[str, torch.Tensor] | str | PathLike[str] | None = None,
+    state_dict: WeightsSource = None,
     num_layers: int | None = None,
 ) -> LlamaModel:
     """Build a :class:`LlamaModel` from the knobs :func:`create_executor` takes (see there).
 
     Executors built on this model (``phasesched_flashinfer``) share the resolution of presets,
-    config dicts, dtype names and checkpoints.
+    model folders, config dicts, devices, dtype names and checkpoints. Everything but the
+    weights is checked before a checkpoint is read.
 
     Raises:
         UnknownNameError: An unknown preset or dtype name.
+        DeviceUnavailableError: ``device`` does not exist here (CUDA on a CPU-only torch).
+        UnsupportedConfigError: The config names an architecture or feature not implemented.
+        CheckpointError: A model folder or checkpoint file cannot be read.
         StateDictError: The weights do not fit the config (the error names the tensor).
 
     """
-    config = _resolve_config(model, num_layers)
+    torch_device = _resolve_device(device)
     torch_dtype = _resolve_dtype(dtype)
+    config, state_dict = _resolve_model(model, state_dict)
+    if num_layers is not None:
+        config = attrs.evolve(config, num_layers=num_layers)
     if state_dict is None:
-        return LlamaModel.random(config, seed=seed, device=device, dtype=torch_dtype)
+        return LlamaModel.random(config, seed=seed, device=torch_device, dtype=torch_dtype)
     if isinstance(state_dict, Mapping):
-        return LlamaModel.from_state_dict(config, state_dict, device=device, dtype=torch_dtype)
-    return LlamaModel.from_safetensors(config, state_dict, device=device, dtype=torch_dtype)
+        return LlamaModel.from_state_dict(config, state_dict, device=torch_device, dtype=torch_dtype)
+    return LlamaModel.from_safetensors(config, state_dict, device=torch_device, dtype=torch_dtype)
 
 
 def create_executor(  # noqa: PLR0913 -- the entry point's keyword-only knobs, each with a default
     *,
-    model: str | LlamaConfig | Mapping[str, Any] = "tiny",
+    model: ModelSource = "tiny",
     num_pages: int = 1024,
     page_size: int = 16,
     device: str | torch.device = "cpu",
     dtype: str | torch.dtype = "float32",
     seed: int = 0,
-    state_dict: Mapping[str, torch.Tensor] | str | PathLike[str] | None = None,
+    state_dict: WeightsSource = None,
     num_layers: int | None = None,
 ) -> TorchExecutor:
     """Build a :class:`TorchExecutor` (the ``torch`` entry point of ``phasesched.executors``).
 
     Args:
-        model: A preset name (:data:`PRESETS`), a :class:`LlamaConfig`, or a Hugging Face
-            ``config.json`` dict.
+        model: A preset name (:data:`PRESETS`), a model folder (a directory holding a Hugging
+            Face ``config.json`` and ``*.safetensors``), a :class:`LlamaConfig`, or a
+            ``config.json`` dict. Architectures: :data:`ARCHITECTURES`.
         num_pages: KV pages to allocate (at least the scheduler's ``num_pages``).
         page_size: Tokens per page (the scheduler's ``page_size``).
         device: ``"cpu"``, ``"cuda"``, ``"cuda:1"``, ...
         dtype: ``"float32"``, ``"bfloat16"`` or ``"float16"`` (or a ``torch.dtype``).
         seed: Seeds random weights and unseeded sampling.
         state_dict: Weights in ``LlamaForCausalLM`` naming: a mapping of tensors, or the path of
-            a safetensors file or of a directory of shards. ``None``: seeded random weights.
+            a safetensors file or of a directory of shards. ``None``: a model folder's own
+            weights, else seeded random weights.
         num_layers: Override the config's layer count (to fit a large preset on one device).
 
     Raises:
         UnknownNameError: An unknown preset or dtype name.
+        DeviceUnavailableError: ``device`` does not exist here (CUDA on a CPU-only torch).
+        UnsupportedConfigError: The config names an architecture or feature not implemented.
+        CheckpointError: A model folder or checkpoint file cannot be read.
         StateDictError: The weights do not fit the config (the error names the tensor).
 
     """

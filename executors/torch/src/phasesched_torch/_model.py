@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from os import PathLike
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 import attrs
 import torch
@@ -18,6 +18,7 @@ import torch.nn.functional as F  # noqa: N812 -- the universal torch idiom
 
 from phasesched_torch._attention import PagedAttentionPlan, run_paged_attention
 from phasesched_torch._config import LlamaConfig
+from phasesched_torch._errors import UnsupportedConfigError
 from phasesched_torch._kv_cache import write_paged_kv
 from phasesched_torch._rope import apply_rope, rope_inv_freq
 from phasesched_torch._weights import (
@@ -28,7 +29,7 @@ from phasesched_torch._weights import (
     weights_from_state_dict,
 )
 
-__all__ = ["ForwardBatch", "LlamaModel", "StepAttention", "TorchAttention"]
+__all__ = ["ForwardBatch", "LlamaModel", "SlidingWindowAttention", "StepAttention", "TorchAttention"]
 
 
 class StepAttention(Protocol):
@@ -56,6 +57,21 @@ class StepAttention(Protocol):
         ...
 
 
+@runtime_checkable
+class SlidingWindowAttention(StepAttention, Protocol):
+    """A :class:`StepAttention` that declares the sliding window its masks apply.
+
+    A model with ``sliding_window`` set runs only with attention of this kind whose
+    ``window_left`` is the config's :attr:`LlamaConfig.window_left`: an attention that does not
+    declare its window is assumed to attend to the whole context, and is refused.
+    """
+
+    @property
+    def window_left(self) -> int:
+        """How far back a query sees, in positions before it (-1 for the whole context)."""
+        ...
+
+
 @attrs.frozen(eq=False)
 class TorchAttention:
     """The reference :class:`StepAttention`: RoPE, KV writes and paged attention in plain PyTorch.
@@ -73,6 +89,11 @@ class TorchAttention:
     sin: torch.Tensor
     write_slots: tuple[torch.Tensor, torch.Tensor]
     plan: PagedAttentionPlan
+
+    @property
+    def window_left(self) -> int:
+        """The plan's sliding window (see :class:`SlidingWindowAttention`)."""
+        return self.plan.window_left
 
     def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Tensor) -> torch.Tensor:
         """See :meth:`StepAttention.__call__`; math in float32 (``q`` and ``k`` are not modified)."""
@@ -202,13 +223,29 @@ class LlamaModel:
         Returns:
             float32 ``[S, vocab_size]``: logits of ``batch.sample_rows``.
 
+        Raises:
+            UnsupportedConfigError: The model has a sliding window that ``batch.attention``
+                does not declare (see :class:`SlidingWindowAttention`); nothing was written.
+
         """
+        self._check_window(batch.attention)
         config, weights = self.config, self.weights
         x = F.embedding(batch.input_ids, weights.embed)
         for layer, cache in zip(weights.layers, kv_cache, strict=True):
             x = self._layer(layer, x, batch, cache)
         last = _rms_norm(x[batch.sample_rows], weights.norm, config.rms_norm_eps)
         return F.linear(last, weights.lm_head).to(torch.float32)
+
+    def _check_window(self, attention: StepAttention) -> None:
+        """Refuse an attention whose window is not the model's (it would be wrong past the window)."""
+        want = self.config.window_left
+        have = attention.window_left if isinstance(attention, SlidingWindowAttention) else -1
+        if have != want:
+            msg = (
+                f"the {self.config.model_type} model attends within a sliding window of {self.config.sliding_window} "
+                f"tokens, but {type(attention).__name__} applies window_left={have} (want {want})"
+            )
+            raise UnsupportedConfigError(msg)
 
     def _layer(self, w: LayerWeights, x: torch.Tensor, batch: ForwardBatch, cache: torch.Tensor) -> torch.Tensor:
         """One decoder layer: ``x`` ``[T, H]`` in, ``[T, H]`` out; writes this step's K/V into ``cache``."""

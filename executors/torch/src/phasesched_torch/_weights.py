@@ -1,6 +1,7 @@
 """Model weights: checked loading from ``transformers`` state dicts, and seeded random init.
 
-Checkpoints use ``LlamaForCausalLM`` names (``model.layers.0.self_attn.q_proj.weight``, ...).
+Checkpoints use ``LlamaForCausalLM`` names (``model.layers.0.self_attn.q_proj.weight``, ...),
+which Mistral's and Qwen2's share.
 Every tensor is checked against the config before anything is converted, so a wrong checkpoint
 fails with the name of the first tensor at fault instead of a shape error deep in a matmul.
 q/k/v and gate/up projections are fused into one matrix each: one matmul instead of three (two)
@@ -15,10 +16,11 @@ from pathlib import Path
 
 import attrs
 import torch
+from safetensors import SafetensorError
 from safetensors.torch import load_file
 
 from phasesched_torch._config import LlamaConfig
-from phasesched_torch._errors import MissingTensorError, TensorShapeError, UnexpectedTensorError
+from phasesched_torch._errors import CheckpointError, MissingTensorError, TensorShapeError, UnexpectedTensorError
 
 __all__ = ["LayerWeights", "LlamaWeights", "expected_shapes", "load_safetensors"]
 
@@ -68,7 +70,8 @@ class LlamaWeights:
         embed: ``[V, H]``: token embeddings.
         layers: One entry per decoder layer.
         norm: ``[H]``: the final RMSNorm.
-        lm_head: ``[V, H]``: the output projection (the same tensor as ``embed`` when tied).
+        lm_head: ``[V, H]``: the output projection (the same tensor as ``embed`` when tied and
+            the checkpoint carries no ``lm_head.weight`` of its own).
 
     """
 
@@ -82,7 +85,8 @@ def expected_shapes(config: LlamaConfig) -> dict[str, tuple[int, ...]]:
     """Every tensor a ``LlamaForCausalLM`` checkpoint of ``config`` holds, by name, with its shape.
 
     ``lm_head.weight`` is listed only for untied models. A tied checkpoint may still carry it
-    (``LlamaForCausalLM.state_dict()`` does); it is then ignored, as ``transformers`` does.
+    (``LlamaForCausalLM.state_dict()`` does); it is then the LM head, as ``transformers`` 5
+    makes it (a checkpoint's own head, when it differs from the embedding, is kept untied).
     """
     h, i, d = config.hidden_size, config.intermediate_size, config.head_dim
     q, kv = config.num_heads * d, config.num_kv_heads * d
@@ -97,13 +101,10 @@ def expected_shapes(config: LlamaConfig) -> dict[str, tuple[int, ...]]:
         "input_layernorm.weight": (h,),
         "post_attention_layernorm.weight": (h,),
     }
+    if config.qkv_bias:
+        per_layer |= {"self_attn.q_proj.bias": (q,), "self_attn.k_proj.bias": (kv,), "self_attn.v_proj.bias": (kv,)}
     if config.attention_bias:
-        per_layer |= {
-            "self_attn.q_proj.bias": (q,),
-            "self_attn.k_proj.bias": (kv,),
-            "self_attn.v_proj.bias": (kv,),
-            "self_attn.o_proj.bias": (h,),
-        }
+        per_layer["self_attn.o_proj.bias"] = (h,)
     if config.mlp_bias:
         per_layer |= {"mlp.gate_proj.bias": (i,), "mlp.up_proj.bias": (i,), "mlp.down_proj.bias": (h,)}
     shapes = {_EMBED: (config.vocab_size, h), "model.norm.weight": (h,)}
@@ -163,7 +164,7 @@ def weights_from_state_dict(
             LayerWeights(
                 input_norm=get(p + "input_layernorm.weight"),
                 qkv=cat(p, _QKV, "weight"),
-                qkv_bias=cat(p, _QKV, "bias") if config.attention_bias else None,
+                qkv_bias=cat(p, _QKV, "bias") if config.qkv_bias else None,
                 o_proj=get(p + "self_attn.o_proj.weight"),
                 o_bias=get(p + "self_attn.o_proj.bias") if config.attention_bias else None,
                 post_norm=get(p + "post_attention_layernorm.weight"),
@@ -174,8 +175,19 @@ def weights_from_state_dict(
             )
         )
     embed = get(_EMBED)
-    lm_head = embed if config.tie_word_embeddings else get(_LM_HEAD)
+    lm_head = embed if _shares_embedding(state_dict) else get(_LM_HEAD)
     return LlamaWeights(embed=embed, layers=tuple(layers), norm=get("model.norm.weight"), lm_head=lm_head)
+
+
+def _shares_embedding(state_dict: Mapping[str, torch.Tensor]) -> bool:
+    """Whether the LM head is the embedding: no head in the checkpoint, or one equal to it.
+
+    A tied config whose checkpoint carries a different ``lm_head.weight`` keeps that head, as
+    ``transformers`` 5 does (it warns and leaves the two untied).
+    """
+    head, embed = state_dict.get(_LM_HEAD), state_dict[_EMBED]
+    same_kind = head is not None and (head.dtype, head.device) == (embed.dtype, embed.device)
+    return head is None or (same_kind and torch.equal(head, embed))
 
 
 def random_weights(
@@ -202,7 +214,7 @@ def random_weights(
         LayerWeights(
             input_norm=ones(),
             qkv=normal(qkv_rows, h),
-            qkv_bias=bias(qkv_rows, config.attention_bias),
+            qkv_bias=bias(qkv_rows, config.qkv_bias),
             o_proj=normal(h, config.num_heads * d),
             o_bias=bias(h, config.attention_bias),
             post_norm=ones(),
@@ -224,15 +236,22 @@ def load_safetensors(path: str | PathLike[str]) -> dict[str, torch.Tensor]:
     Tensors are loaded on the CPU; :meth:`LlamaModel.from_state_dict` moves them to the model's device.
 
     Raises:
-        FileNotFoundError: The path does not exist or the directory holds no shard.
+        CheckpointError: The path does not exist, the directory holds no shard, or a file is
+            not a readable safetensors file (truncated, say); the error names the file.
 
     """
     root = Path(path)
     files = sorted(root.glob("*.safetensors")) if root.is_dir() else [root]
-    if not files or not files[0].exists():
-        msg = f"no safetensors checkpoint at {root}"
-        raise FileNotFoundError(msg)
+    if not files or not files[0].is_file():
+        raise CheckpointError(root, "no safetensors checkpoint here")
     tensors: dict[str, torch.Tensor] = {}
     for file in files:
-        tensors.update(load_file(file, device="cpu"))
+        tensors.update(_load_file(file))
     return tensors
+
+
+def _load_file(file: Path) -> dict[str, torch.Tensor]:
+    try:
+        return load_file(file, device="cpu")
+    except (SafetensorError, OSError) as error:
+        raise CheckpointError(file, f"not a readable safetensors file ({error})") from error
