@@ -296,3 +296,23 @@ class TestPolicyPlugins:
         with pytest.raises(InvalidPlanError, match="Flaky"):
             scheduler.schedule()
         assert snapshot(scheduler) == before
+
+    def test_admissions_count_their_whole_prefill_pages(self) -> None:
+        """A plugin admitting prompts by one-token first chunks cannot overfill the cache with their later chunks."""
+
+        @attrs.frozen
+        class Greedy:
+            def select(self, view: SchedulerView, builder: BatchBuilder) -> Selection:
+                waiting = [c.request_id for c in view.waiting()]
+                return Selection(
+                    np.empty(0, np.int32), np.empty(0, np.int32), tuple(waiting), tuple(1 for _ in waiting)
+                )
+
+        policy = SchedulingPolicy(budget=TokenBudget(64, 16), priority=Greedy())
+        scheduler = Scheduler(SchedulerConfig(num_pages=8, page_size=4), policy)
+        for request in make_requests([8] * 7, max_new_tokens=1, with_ids=False):  # 7 x 2 pages, 7 first pages
+            scheduler.add_request(request)
+        before = snapshot(scheduler)
+        with pytest.raises(InvalidPlanError, match="prefills need 14 KV pages"):
+            scheduler.schedule()
+        assert snapshot(scheduler) == before
