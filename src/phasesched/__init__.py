@@ -69,7 +69,7 @@ def load_policy(name: str, options: PolicyOptions | None = None) -> SchedulingPo
     policy = factory(options or PolicyOptions())
     if not isinstance(policy, SchedulingPolicy):
         msg = f"policy plugin {name!r} returned {type(policy).__name__}, not a SchedulingPolicy"
-        raise TypeError(msg)
+        raise InvalidArgumentError(msg)
     return policy
 
 
