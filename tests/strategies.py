@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+from collections.abc import Callable, Iterator
 
 import attrs
 import numpy as np
@@ -115,12 +116,23 @@ class Fault:
 
     countdown: int
     fired: bool = False
+    paused: bool = False
+    """While set, calls pass through uncounted (the test's own checks)."""
+
+    @contextlib.contextmanager
+    def pause(self) -> Iterator[None]:
+        """Let calls through uncounted inside the block."""
+        self.paused = True
+        try:
+            yield
+        finally:
+            self.paused = False
 
     def wrap(self, function: Callable[..., object]) -> Callable[..., object]:
         """``function``, failing once when the countdown reaches zero."""
 
         def wrapped(*args: object, **kwargs: object) -> object:
-            if not self.fired:
+            if not self.fired and not self.paused:
                 self.countdown -= 1
                 if self.countdown < 0:
                     self.fired = True
