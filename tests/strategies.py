@@ -94,9 +94,23 @@ class OldestFirstDecodes:
         return DecodeFirst().select(view, builder)
 
 
+BUILTIN_PRIORITIES: list[PhasePriority] = [
+    DecodeFirst(),
+    PrefillFirst(),
+    PrefillFirst(mix_decodes=True),
+    EqualProgress(8),
+]
+
+
 def priorities() -> st.SearchStrategy[PhasePriority]:
     """Built-in priorities and plugin-like ones (wrappers, truthful and lying declarations)."""
-    builtins = st.sampled_from([DecodeFirst(), PrefillFirst(), PrefillFirst(mix_decodes=True), EqualProgress(unit=8)])
+    choices: list[PhasePriority] = [
+        DecodeFirst(),
+        PrefillFirst(),
+        PrefillFirst(mix_decodes=True),
+        EqualProgress(unit=8),
+    ]
+    builtins = st.sampled_from(choices)
     return st.one_of(
         builtins,
         builtins.map(PassThrough),

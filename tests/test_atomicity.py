@@ -9,6 +9,7 @@ with a run without the fault: a rollback that missed anything shows as a differe
 from __future__ import annotations
 
 import contextlib
+import functools
 from collections.abc import Callable, Iterator
 from typing import Any
 from unittest import mock
@@ -29,11 +30,11 @@ from phasesched import (
     Selection,
     StepPlan,
 )
+from phasesched.plan import build_step_plan
 from phasesched.policies import ChunkContext, PhasePriority, PrefillCandidate, VictimOrder
 from phasesched.policies.builder import BatchBuilder
 from phasesched.policies.chunking import ChunkSizer
 from phasesched.policies.queue_order import QueueOrder
-from phasesched.scheduler import build_step_plan
 from phasesched.view import SchedulerView
 from tests.strategies import PRESETS, Fault, InjectedFaultError, Shape, preset, request_of, workloads
 
@@ -172,15 +173,15 @@ def drive(policy: SchedulingPolicy, shapes: list[Shape], pages: int, part: str, 
                 index, shape = pending.pop(0)
                 request = request_of(index, shape, eos=7)
                 with contextlib.suppress(RequestRejectedError):
-                    attempt(scheduler, fault, lambda r=request: scheduler.add_request(r))
+                    attempt(scheduler, fault, functools.partial(scheduler.add_request, request))
             if not pending and not scheduler.num_unfinished:
                 break
-            plan: StepPlan = attempt(scheduler, fault, lambda now=float(step): scheduler.schedule(now))
+            plan: StepPlan = attempt(scheduler, fault, functools.partial(scheduler.schedule, float(step)))
             seen.append(
                 (plan.step_id, plan.request_ids, plan.num_new.tolist(), plan.kv_indices.tolist(), plan.released)
             )
             result = executor.execute(plan)
-            outcome = attempt(scheduler, fault, lambda p=plan, r=result: scheduler.update(p, r))
+            outcome = attempt(scheduler, fault, functools.partial(scheduler.update, plan, result))
             finished.update((f.request_id, f) for f in outcome.finished)
             with fault.pause():
                 scheduler.check_invariants()
@@ -215,7 +216,7 @@ class TestAtomicity:
         for index in range(2):
             scheduler.add_request(request_of(index, (8, 3, 0)))
         fault = Fault(1)  # the second load fails
-        scheduler._arrays.load = fault.wrap(scheduler._arrays.load)  # type: ignore[method-assign]
+        scheduler._arrays.load = fault.wrap(scheduler._arrays.load)  # type: ignore[method-assign,assignment]
         before = state_of(scheduler)
         with contextlib.suppress(InjectedFaultError):
             scheduler.schedule()

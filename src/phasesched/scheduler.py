@@ -519,6 +519,14 @@ class Scheduler:
         """Waiting requests in queue order, lazily."""
         return (seq.request.request_id for seq in self._waiting.ordered())
 
+    def request(self, request_id: str) -> Request:
+        """The held request with this id.
+
+        Raises:
+            UnknownRequestError: No such request is held.
+        """
+        return self._seq(request_id).request
+
     def status(self, request_id: str) -> RequestStatus:
         """Where a held request stands."""
         return self._seq(request_id).status
