@@ -16,6 +16,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from phasesched.errors import InvalidArgumentError, OutOfPagesError, UnknownTableError
+from phasesched.validators import is_int
 
 __all__ = ["FreedTables", "PagedKVManager"]
 
@@ -69,10 +70,10 @@ class PagedKVManager:
     """
 
     def __init__(self, num_pages: int, page_size: int, *, watermark: float = 0.0) -> None:
-        if num_pages <= 0 or page_size <= 0:
+        if not (is_int(num_pages) and is_int(page_size)) or num_pages <= 0 or page_size <= 0:
             msg = f"num_pages and page_size must be positive, got {num_pages} and {page_size}"
             raise InvalidArgumentError(msg)
-        if not 0.0 <= watermark < 1.0:
+        if not isinstance(watermark, (int, float)) or not 0.0 <= watermark < 1.0:
             msg = f"watermark must be in [0, 1), got {watermark}"
             raise InvalidArgumentError(msg)
         self.num_pages = num_pages
@@ -267,8 +268,8 @@ class PagedKVManager:
 
         """
         self._check_open(slot)
-        if num_pages < 0:
-            msg = f"num_pages must be non-negative, got {num_pages}"
+        if not is_int(num_pages) or num_pages < 0:
+            msg = f"num_pages must be a non-negative int, got {num_pages!r}"
             raise InvalidArgumentError(msg)
         before = int(self._count[slot])
         self.grow_to(slot, (before + num_pages) * self.page_size)

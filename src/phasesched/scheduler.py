@@ -414,7 +414,13 @@ class Scheduler:
 
         Returns:
             The run, capped at ``max_steps``, or ``None`` when it does not apply.
+
+        Raises:
+            InvalidArgumentError: ``max_steps`` is not an int.
         """
+        if not is_int(max_steps):
+            msg = f"max_steps must be an int, got {max_steps!r}"
+            raise InvalidArgumentError(msg)
         if max_steps < 1 or self._arrays.num_with_tokens or not self._steady_fast_path:
             return None
         step = self._steady_step()

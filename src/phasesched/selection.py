@@ -20,6 +20,7 @@ from numpy.typing import NDArray
 
 from phasesched.errors import InvalidPlanError
 from phasesched.kv import PagedKVManager
+from phasesched.validators import is_int
 
 if TYPE_CHECKING:
     from phasesched.policies.budget import TokenBudget  # the policies package imports this module
@@ -47,11 +48,19 @@ def _int32(values: Sequence[int] | NDArray[np.integer]) -> Int32Array:
 
 
 def _ids(values: Sequence[str]) -> tuple[str, ...]:
-    return tuple(values)
+    ids = tuple(values)
+    if not all(isinstance(i, str) for i in ids):
+        msg = f"admitted must name requests by their str ids, got {ids!r}"
+        raise InvalidPlanError(msg)
+    return ids
 
 
 def _ints(values: Sequence[int]) -> tuple[int, ...]:
-    return tuple(values)
+    ints = tuple(values)
+    if not all(is_int(i) for i in ints):
+        msg = f"expected ints, got {ints!r}"
+        raise InvalidPlanError(msg)
+    return ints
 
 
 @attrs.frozen(eq=False)
