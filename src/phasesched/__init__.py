@@ -15,6 +15,7 @@ from __future__ import annotations
 from importlib.metadata import PackageNotFoundError, version
 
 from phasesched.engine import Engine as Engine
+from phasesched.engine import FailurePolicy as FailurePolicy
 from phasesched.engine import VirtualClock as VirtualClock
 from phasesched.engine import WallClock as WallClock
 from phasesched.errors import DuplicateNameError as DuplicateNameError
@@ -82,6 +83,7 @@ __all__ = [
     "DuplicateRequestError",
     "Engine",
     "Executor",
+    "FailurePolicy",
     "FinishReason",
     "FinishedRequest",
     "InvalidArgumentError",

@@ -275,7 +275,8 @@ class Engine:
         if self._failures <= self.failure.max_retries:
             return False
         self._failures = 0
-        reason = f"the executor failed on step {plan.step_id} {self.failure.max_retries + 1} times: {error!r}"
+        tries = self.failure.max_retries + 1
+        reason = f"the executor failed {tries} times in a row, last on step {plan.step_id}: {error!r}"
         for request_id in plan.request_ids:
             record = self.scheduler.fail(request_id, reason)
             self._worker.fail(request_id, reason)

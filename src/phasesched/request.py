@@ -60,7 +60,7 @@ class FinishReason(enum.Enum):
     ABORTED = "aborted"
     """The engine aborted it."""
     ERROR = "error"
-    """The engine failed it: the executor kept failing on its steps (see ``Scheduler.fail``)."""
+    """Ended by the engine because the executor kept failing on its steps (see ``Scheduler.fail``)."""
 
 
 class Phase(enum.IntEnum):
