@@ -261,7 +261,7 @@ class Scheduler:
             raise InvalidArgumentError(msg)
         checked = self._steady_step() if self._steady_fast_path else None
         checked = checked if checked is not None else self._ask_policy(now)
-        journal = self._journal()
+        journal = Journal()
         try:
             plan = self._commit(checked, journal)
         except BaseException:
@@ -271,16 +271,14 @@ class Scheduler:
         self._version += 1
         return plan
 
-    def _journal(self) -> Journal:
-        """A journal whose first entry restores the scheduler's scalar state (the arrays' undo comes later)."""
-        journal = Journal()
-        saved = (self._running, self._next_step, list(self._released), list(self._carried_preempted), self._version)
+    def _save_scalars(self, journal: Journal) -> None:
+        """Record how to restore the running order and pending releases (before a step retires or admits)."""
+        saved = (self._running, list(self._released))
 
         def restore() -> None:
-            self._running, self._next_step, self._released, self._carried_preempted, self._version = saved
+            self._running, self._released = saved
 
         journal.record(restore)
-        return journal
 
     def _ask_policy(self, now: float) -> CheckedSelection:
         """The policy's selection for this step, checked before anything changes."""
@@ -323,7 +321,7 @@ class Scheduler:
             raise InvalidResultError(msg)
         _expect(result, StepResult, InvalidResultError, "update's result")
         result.check_against(plan)
-        journal = self._journal()
+        journal = Journal()
         try:
             finished = self._apply(plan, result, journal)
         except BaseException:
@@ -343,15 +341,20 @@ class Scheduler:
     def _apply(self, plan: StepPlan, result: StepResult, journal: Journal) -> tuple[FinishedRequest, ...]:
         """Record the plan's computed and sampled tokens; retire what finished."""
         arrays, slots = self._arrays, plan.slots
-        known, last_token = arrays.known[slots], arrays.last_token[slots]  # copies, for the undo
+        last_token = arrays.last_token[slots]  # a copy, for the undo
 
         def undo() -> None:
-            arrays.computed[slots], arrays.known[slots], arrays.last_token[slots] = plan.start, known, last_token
+            # Before the plan, computed was its start, and a slice that samples knew kv_len tokens.
+            arrays.computed[slots], arrays.last_token[slots] = plan.start, last_token
+            arrays.known[slots[plan.samples]] = plan.kv_len[plan.samples]
 
         journal.record(undo)
         arrays.computed[slots] = plan.kv_len
         done, reasons = self._record_tokens(plan, result)
-        return self._finish(slots[done], reasons, journal) if len(reasons) else ()
+        if not reasons:
+            return ()
+        self._save_scalars(journal)
+        return self._finish(slots[done], reasons, journal)
 
     def abandon(self, plan: StepPlan) -> tuple[FinishedRequest, ...]:
         """Give back the plan in flight, unexecuted: its executor could not run it.
@@ -598,6 +601,8 @@ class Scheduler:
     def _commit(self, checked: CheckedSelection, journal: Journal) -> StepPlan:
         """Apply a checked selection and build its plan, recording every change in ``journal``."""
         selection, arrays = checked.selection, self._arrays
+        if selection.preempted or selection.admitted:  # the steady step changes neither
+            self._save_scalars(journal)
         preempted = [*self._carried_preempted, *self._preempt(selection.preempted, journal)]
         slots, start, known, num_new = selection.running_slots, checked.start, checked.known, selection.running_tokens
         self._extend(slots, checked.new_pages, journal)
@@ -635,6 +640,8 @@ class Scheduler:
         return plan
 
     def _extend(self, slots: Int32Array, num_pages: NDArray[np.int64], journal: Journal) -> None:
+        if not np.count_nonzero(num_pages):  # most decode steps cross no page boundary
+            return
         counts = self.kv.page_counts[slots]  # a copy (fancy indexing), for the undo
         self.kv.extend_many(slots, num_pages)
         journal.record(lambda: self.kv.retract(slots, counts))
