@@ -62,6 +62,14 @@ class TestEngine:
         assert (metrics["completed"], metrics["failed"], metrics["total_output_tokens"]) == (2, 1, 6)
         assert "huge" in engine.recorder.errors[0]
 
+    def test_the_last_request_may_be_rejected(self) -> None:
+        """A run whose last arrival can never fit ends normally, counting it as failed."""
+        engine = Engine(
+            Scheduler(SchedulerConfig(num_pages=8, page_size=4)), DeterministicExecutor(), clock=VirtualClock()
+        )
+        metrics = engine.run([Request("ok", prompt_len=4, max_new_tokens=2), Request("huge", prompt_len=500, arrival_time=1.0)])
+        assert (metrics["completed"], metrics["failed"]) == (1, 1)
+
     def test_wall_clock_waits_for_arrivals(self) -> None:
         """On the wall clock a request arriving later is not served before it arrives."""
         engine = Engine(Scheduler(SchedulerConfig(num_pages=64)), DeterministicExecutor(), keep_requests=True)

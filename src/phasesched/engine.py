@@ -195,7 +195,7 @@ class Engine:
                 last = self.clock.now() if finished else last
             elif upcoming is not None:
                 self.clock.wait_until(upcoming.arrival_time)
-            else:
+            elif self.scheduler.num_unfinished:  # none when the last arrival was rejected
                 msg = f"the policy scheduled nothing while {self.scheduler.num_unfinished} requests wait"
                 raise PhaseschedError(msg)
         self._deliver_releases()
