@@ -15,12 +15,14 @@ from typing import Any
 from unittest import mock
 
 import attrs
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from phasesched import (
     DeterministicExecutor,
     FinishedRequest,
+    InvalidPlanError,
     PhaseschedError,
     Request,
     RequestRejectedError,
@@ -228,6 +230,38 @@ class TestAtomicity:
             plan = scheduler.schedule()
             scheduler.update(plan, executor.execute(plan))
         assert scheduler.kv.num_free_pages == scheduler.kv.num_pages
+
+    def test_a_queue_key_that_does_not_compare_is_refused(self) -> None:
+        """A plugin queue order whose key cannot be compared with the others' is a typed error, and nothing changes."""
+
+        @attrs.frozen
+        class Mixed:
+            def key(self, request: Request) -> object:
+                return None if request.request_id == "odd" else (request.arrival_time,)
+
+        scheduler = Scheduler(SchedulerConfig(num_pages=64), attrs.evolve(preset("vllm"), queue_order=Mixed()))
+        scheduler.add_request(Request("a", prompt_len=4))
+        before = state_of(scheduler)
+        with pytest.raises(InvalidPlanError, match="does not compare"):
+            scheduler.add_request(Request("odd", prompt_len=4))
+        assert state_of(scheduler) == before
+        scheduler.add_request(Request("b", prompt_len=4))
+        assert list(scheduler.waiting_request_ids()) == ["a", "b"]
+
+    def test_abort_and_fail_are_atomic(self) -> None:
+        """An abort that fails part-way leaves the request held and the KV as it was."""
+        scheduler = Scheduler(SchedulerConfig(num_pages=64, page_size=4), preset("vllm"))
+        scheduler.add_request(request_of(0, (8, 3, 0)))
+        plan = scheduler.schedule()
+        scheduler.update(plan, DeterministicExecutor().execute(plan))
+        fault = Fault(0)
+        scheduler._arrays.unload = fault.wrap(scheduler._arrays.unload)  # type: ignore[method-assign,assignment]
+        before = state_of(scheduler)
+        with pytest.raises(InjectedFaultError):
+            scheduler.abort("r0")
+        assert state_of(scheduler) == before
+        scheduler.check_invariants()
+        assert scheduler.fail("r0", "gone").status.value == "failed"
 
 
 BAD_VALUES = st.one_of(

@@ -67,7 +67,9 @@ class TestEngine:
         engine = Engine(
             Scheduler(SchedulerConfig(num_pages=8, page_size=4)), DeterministicExecutor(), clock=VirtualClock()
         )
-        metrics = engine.run([Request("ok", prompt_len=4, max_new_tokens=2), Request("huge", prompt_len=500, arrival_time=1.0)])
+        metrics = engine.run(
+            [Request("ok", prompt_len=4, max_new_tokens=2), Request("huge", prompt_len=500, arrival_time=1.0)]
+        )
         assert (metrics["completed"], metrics["failed"]) == (1, 1)
 
     def test_wall_clock_waits_for_arrivals(self) -> None:

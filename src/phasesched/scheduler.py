@@ -211,8 +211,7 @@ class Scheduler:
         if self._in_flight is not None and seq.slot >= 0 and np.any(self._in_flight.slots == seq.slot):
             self._arrays.abort_pending[seq.slot] = True
             return None
-        self._drop(seq)
-        return self._finish_record(seq, RequestStatus.ABORTED, FinishReason.ABORTED, Journal())
+        return self._end(seq, RequestStatus.ABORTED, FinishReason.ABORTED)
 
     def fail(self, request_id: str, reason: str) -> FinishedRequest:
         """End a request as failed, because of ``reason``, and free its KV.
@@ -231,15 +230,24 @@ class Scheduler:
             msg = f"request {request_id!r} is part of plan {self._in_flight.step_id} in flight; abandon it first"
             raise PlanInFlightError(msg)
         self._version += 1
-        self._drop(seq)
-        return self._finish_record(seq, RequestStatus.FAILED, FinishReason.ERROR, Journal(), error=str(reason))
+        return self._end(seq, RequestStatus.FAILED, FinishReason.ERROR, error=str(reason))
 
-    def _drop(self, seq: SequenceState) -> None:
-        """Take a held request out of the running set (freeing its KV) or the waiting queue."""
-        if seq.slot >= 0:
-            self._retire(np.array([seq.slot], np.int32), Journal())
-        else:
-            self._waiting.remove(seq.request.request_id)
+    def _end(
+        self, seq: SequenceState, status: RequestStatus, reason: FinishReason, error: str | None = None
+    ) -> FinishedRequest:
+        """End a held request that is not in flight: free its KV or leave the queue, atomically."""
+        journal = Journal()
+        self._save_scalars(journal)
+        try:
+            if seq.slot >= 0:
+                self._retire(np.array([seq.slot], np.int32), journal)
+            else:
+                self._waiting.remove(seq.request.request_id)
+                journal.record(functools.partial(self._waiting.push, seq))
+            return self._finish_record(seq, status, reason, journal, error=error)
+        except BaseException:
+            journal.rollback()
+            raise
 
     # ------------------------------------------------------------------ the loop
     def schedule(self, now: float = 0.0) -> StepPlan:
