@@ -273,7 +273,7 @@ class TestPolicyPlugins:
             def chunk(self, candidate: object, context: object) -> int:
                 return 10_000
 
-        scheduler = scheduler_for(SchedulingPolicy(budget=TokenBudget(64, 8), chunker=Greedy()))  # type: ignore[arg-type]
+        scheduler = scheduler_for(SchedulingPolicy(budget=TokenBudget(64, 8), chunker=Greedy()))
         with pytest.raises(InvalidPlanError, match="Greedy"):
             scheduler.add_request(Request("a", prompt_len=40))
         assert scheduler.num_unfinished == 0
@@ -289,7 +289,7 @@ class TestPolicyPlugins:
                 return -1 if self.bad else 8
 
         sizer = Flaky()
-        scheduler = scheduler_for(SchedulingPolicy(budget=TokenBudget(64, 8), chunker=sizer))  # type: ignore[arg-type]
+        scheduler = scheduler_for(SchedulingPolicy(budget=TokenBudget(64, 8), chunker=sizer))
         scheduler.add_request(Request("a", prompt_len=40))
         before = snapshot(scheduler)
         sizer.bad = True
