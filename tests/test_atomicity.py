@@ -263,6 +263,22 @@ class TestAtomicity:
         scheduler.check_invariants()
         assert scheduler.fail("r0", "gone").status.value == "failed"
 
+    def test_advance_is_atomic(self) -> None:
+        """A decode run whose finishing step fails part-way leaves the scheduler as it was."""
+        scheduler = Scheduler(SchedulerConfig(num_pages=64, page_size=4), preset("vllm"))
+        scheduler.add_request(Request("a", prompt_len=4, max_new_tokens=6, ignore_eos=True))
+        plan = scheduler.schedule()
+        scheduler.update(plan, DeterministicExecutor().execute(plan))
+        run = scheduler.decode_run(100)
+        assert run is not None
+        fault = Fault(0)
+        scheduler._arrays.unload = fault.wrap(scheduler._arrays.unload)  # type: ignore[method-assign,assignment]
+        before = state_of(scheduler)
+        with pytest.raises(InjectedFaultError):
+            scheduler.advance(run, run.max_steps)  # the last step finishes "a", and retiring it fails
+        assert state_of(scheduler) == before
+        assert [f.request_id for f in scheduler.advance(run, run.max_steps)] == ["a"]
+
 
 BAD_VALUES = st.one_of(
     st.just(float("nan")),

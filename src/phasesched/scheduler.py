@@ -460,16 +460,32 @@ class Scheduler:
         if not is_int(num_steps) or not 1 <= num_steps <= run.max_steps:
             msg = f"num_steps must be in [1, {run.max_steps}], got {num_steps}"
             raise InvalidPlanError(msg)
-        arrays, slots = self._arrays, run.slots
-        computed = arrays.computed[slots] + num_steps
-        self.kv.grow_many(slots, computed)  # first: it is the only step that could fail
-        arrays.computed[slots] = computed
-        known = arrays.known[slots] + num_steps
-        arrays.known[slots] = known
+        journal = Journal()
+        try:
+            finished = self._advance(run.slots, int(num_steps), journal)
+        except BaseException:
+            journal.rollback()
+            raise
         self._next_step += num_steps
         self._version += 1
+        return finished
+
+    def _advance(self, slots: Int32Array, num_steps: int, journal: Journal) -> tuple[FinishedRequest, ...]:
+        arrays = self._arrays
+        computed = arrays.computed[slots] + num_steps
+        self._extend(slots, self.kv.pages_to_grow(slots, computed), journal)
+        known = arrays.known[slots] + num_steps
+
+        def undo() -> None:
+            arrays.computed[slots], arrays.known[slots] = computed - num_steps, known - num_steps
+
+        journal.record(undo)
+        arrays.computed[slots], arrays.known[slots] = computed, known
         done = slots[known >= arrays.max_known[slots]]
-        return self._finish(done, [FinishReason.LENGTH] * len(done), Journal()) if len(done) else ()
+        if not len(done):
+            return ()
+        self._save_scalars(journal)
+        return self._finish(done, [FinishReason.LENGTH] * len(done), journal)
 
     def _steady_step(self) -> CheckedSelection | None:
         """The next step, when it is certain to be every running request decoding one token.
