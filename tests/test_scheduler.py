@@ -273,7 +273,7 @@ class TestPolicyPlugins:
             def chunk(self, candidate: object, context: object) -> int:
                 return 10_000
 
-        scheduler = scheduler_for(SchedulingPolicy(budget=TokenBudget(64, 8), chunker=Greedy()))  # type: ignore[arg-type]
+        scheduler = scheduler_for(SchedulingPolicy(budget=TokenBudget(64, 8), chunker=Greedy()))
         with pytest.raises(InvalidPlanError, match="Greedy"):
             scheduler.add_request(Request("a", prompt_len=40))
         assert scheduler.num_unfinished == 0
@@ -289,10 +289,30 @@ class TestPolicyPlugins:
                 return -1 if self.bad else 8
 
         sizer = Flaky()
-        scheduler = scheduler_for(SchedulingPolicy(budget=TokenBudget(64, 8), chunker=sizer))  # type: ignore[arg-type]
+        scheduler = scheduler_for(SchedulingPolicy(budget=TokenBudget(64, 8), chunker=sizer))
         scheduler.add_request(Request("a", prompt_len=40))
         before = snapshot(scheduler)
         sizer.bad = True
         with pytest.raises(InvalidPlanError, match="Flaky"):
+            scheduler.schedule()
+        assert snapshot(scheduler) == before
+
+    def test_admissions_count_their_whole_prefill_pages(self) -> None:
+        """A plugin admitting prompts by one-token first chunks cannot overfill the cache with their later chunks."""
+
+        @attrs.frozen
+        class Greedy:
+            def select(self, view: SchedulerView, builder: BatchBuilder) -> Selection:
+                waiting = [c.request_id for c in view.waiting()]
+                return Selection(
+                    np.empty(0, np.int32), np.empty(0, np.int32), tuple(waiting), tuple(1 for _ in waiting)
+                )
+
+        policy = SchedulingPolicy(budget=TokenBudget(64, 16), priority=Greedy())
+        scheduler = Scheduler(SchedulerConfig(num_pages=8, page_size=4), policy)
+        for request in make_requests([8] * 7, max_new_tokens=1, with_ids=False):  # 7 x 2 pages, 7 first pages
+            scheduler.add_request(request)
+        before = snapshot(scheduler)
+        with pytest.raises(InvalidPlanError, match="prefills need 14 KV pages"):
             scheduler.schedule()
         assert snapshot(scheduler) == before

@@ -1,4 +1,4 @@
-"""The steady decode fast path builds exactly the plans the policy would."""
+"""The steady decode fast path builds exactly the plans the policy would, and trusts no plugin."""
 
 from __future__ import annotations
 
@@ -10,37 +10,33 @@ from hypothesis import strategies as st
 
 from phasesched import (
     DeterministicExecutor,
-    PolicyOptions,
     Request,
     RequestRejectedError,
     Scheduler,
     SchedulerConfig,
+    SchedulingPolicy,
+    Selection,
     load_policy,
 )
+from phasesched.policies import PhasePriority
+from phasesched.policies.builder import BatchBuilder
+from phasesched.view import SchedulerView
+from tests.strategies import PRESETS, CappedDecodes, PassThrough, Shape, preset, priorities, request_of, workloads
+
+PlanShape = tuple[object, ...]
 
 
-def plans(fast: bool, policy_name: str, lengths: list[tuple[int, int, int]], pages: int) -> list[tuple]:
+def plans(policy: SchedulingPolicy, shapes: list[Shape], pages: int) -> list[PlanShape]:
     """Every plan of a run, as comparable tuples (requests arrive at the step they name)."""
-    scheduler = Scheduler(
-        SchedulerConfig(num_pages=pages, page_size=4, max_model_len=512),
-        load_policy(policy_name, PolicyOptions(max_model_len=512, chunk_size=16)),
-    )
-    scheduler._steady_fast_path = fast
+    scheduler = Scheduler(SchedulerConfig(num_pages=pages, page_size=4, max_model_len=512), policy)
     executor = DeterministicExecutor(vocab_size=50)
-    pending = sorted(enumerate(lengths), key=lambda item: item[1][2])
-    seen = []
+    pending = sorted(enumerate(shapes), key=lambda item: item[1][2])
+    seen: list[PlanShape] = []
     for step in range(400):
         while pending and pending[0][1][2] <= step:
-            index, (prompt, output, arrival) = pending.pop(0)
-            request = Request(
-                f"r{index}",
-                prompt_token_ids=list(range(prompt)),
-                max_new_tokens=output,
-                arrival_time=float(arrival),
-                priority=index % 3,
-            )
+            index, shape = pending.pop(0)
             with contextlib.suppress(RequestRejectedError):  # too big for this cache: both runs skip it
-                scheduler.add_request(request)
+                scheduler.add_request(request_of(index, shape))
         if not pending and not scheduler.num_unfinished:
             break
         plan = scheduler.schedule(float(step))
@@ -59,55 +55,99 @@ def plans(fast: bool, policy_name: str, lengths: list[tuple[int, int, int]], pag
     return seen
 
 
-@given(
-    policy=st.sampled_from(["vllm", "sarathi", "sglang", "orca", "trtllm-equal-progress", "vllm-priority"]),
-    lengths=st.lists(st.tuples(st.integers(1, 60), st.integers(1, 30), st.integers(0, 40)), min_size=1, max_size=8),
-    pages=st.integers(20, 80),
-)
-@settings(deadline=None, max_examples=60, suppress_health_check=[HealthCheck.too_slow])
-def test_fast_path_matches_the_policy(policy: str, lengths: list[tuple[int, int, int]], pages: int) -> None:
-    """With or without the fast path, the scheduler produces identical plans step for step."""
-    assert plans(True, policy, lengths, pages) == plans(False, policy, lengths, pages)
+def asked_every_step(policy: SchedulingPolicy) -> SchedulingPolicy:
+    """``policy`` with its priority behind a plugin wrapper, which the scheduler asks every step."""
+    return attrs.evolve(policy, priority=PassThrough(policy.priority))
+
+
+SETTINGS = settings(deadline=None, max_examples=300, suppress_health_check=[HealthCheck.too_slow])
+
+
+class TestFastPathEquivalence:
+    @given(name=st.sampled_from(PRESETS), shapes=workloads(), pages=st.integers(20, 80))
+    @settings(SETTINGS, max_examples=150)
+    def test_presets_match_the_policy(self, name: str, shapes: list[Shape], pages: int) -> None:
+        """With or without the fast path, every preset produces identical plans step for step."""
+        policy = preset(name)
+        assert plans(policy, shapes, pages) == plans(asked_every_step(policy), shapes, pages)
+
+    @given(priority=priorities(), shapes=workloads(max_size=6), pages=st.integers(16, 64))
+    @SETTINGS
+    def test_plugin_like_priorities_match_the_policy(
+        self, priority: PhasePriority, shapes: list[Shape], pages: int
+    ) -> None:
+        """Built-in, wrapped and lying priorities give the same plans whether or not the fast path may apply."""
+        policy = attrs.evolve(preset("vllm"), priority=priority)
+        assert plans(policy, shapes, pages) == plans(asked_every_step(policy), shapes, pages)
 
 
 class Counting:
-    """A phase priority that counts how often the scheduler asks it."""
+    """A plugin phase priority that counts how often the scheduler asks it."""
 
-    schedules_every_decode = True
+    schedules_every_decode = True  # the old, unchecked opt-in: no longer trusted
 
-    def __init__(self, inner: object) -> None:
+    def __init__(self, inner: PhasePriority) -> None:
         self.inner, self.calls = inner, 0
 
-    def select(self, view: object, builder: object) -> object:
+    def select(self, view: SchedulerView, builder: BatchBuilder) -> Selection:
+        """The inner priority's selection, counted."""
         self.calls += 1
-        return self.inner.select(view, builder)  # type: ignore[attr-defined]
+        return self.inner.select(view, builder)
 
 
-def test_fast_path_skips_the_policy_in_steady_decoding() -> None:
-    """Once every request decodes and nothing waits, steps do not ask the policy."""
-    policy = load_policy("vllm")
-    counting = Counting(policy.priority)
-    scheduler = Scheduler(SchedulerConfig(num_pages=64), attrs.evolve(policy, priority=counting))
-    scheduler.add_request(Request("a", prompt_len=8, max_new_tokens=20))
+def run_counting(priority: PhasePriority, max_new_tokens: int) -> int:
+    """Steps one request to the end under ``priority``; return how many steps it took."""
+    scheduler = Scheduler(SchedulerConfig(num_pages=64), attrs.evolve(load_policy("vllm"), priority=priority))
+    scheduler.add_request(Request("a", prompt_len=8, max_new_tokens=max_new_tokens))
     executor = DeterministicExecutor()
     steps = 0
     while scheduler.num_unfinished:
         plan = scheduler.schedule()
         scheduler.update(plan, executor.execute(plan))
         steps += 1
-    assert steps == 20
-    assert counting.calls == 1  # only the prefill step asked
+    return steps
 
 
-def test_policies_that_do_not_declare_are_always_asked() -> None:
-    """A plugin priority without the declaration is asked every step."""
-    policy = load_policy("vllm")
-    counting = Counting(policy.priority)
-    counting.schedules_every_decode = False  # type: ignore[misc]
-    scheduler = Scheduler(SchedulerConfig(num_pages=64), attrs.evolve(policy, priority=counting))
-    scheduler.add_request(Request("a", prompt_len=8, max_new_tokens=5))
-    executor = DeterministicExecutor()
-    while scheduler.num_unfinished:
+class TestFastPathTrust:
+    def test_builtin_priorities_are_not_asked_in_steady_decoding(self) -> None:
+        """Once every request decodes and nothing waits, a built-in priority's steps are built without it."""
+        scheduler = Scheduler(SchedulerConfig(num_pages=64), load_policy("vllm"))
+        scheduler.add_request(Request("a", prompt_len=8, max_new_tokens=20))
+        executor = DeterministicExecutor()
         plan = scheduler.schedule()
         scheduler.update(plan, executor.execute(plan))
-    assert counting.calls == 5
+        assert scheduler.decode_run(100) is not None  # the steady path applies from here on
+
+    def test_plugins_are_asked_every_step_whatever_they_declare(self) -> None:
+        """A plugin priority is asked every step, even one that declares ``schedules_every_decode``."""
+        counting = Counting(load_policy("vllm").priority)
+        assert run_counting(counting, 20) == 20
+        assert counting.calls == 20
+
+    def test_a_lying_declaration_does_not_schedule_every_decode(self) -> None:
+        """A priority that declares every decode but caps them gets its cap, not every decode."""
+        policy = attrs.evolve(load_policy("vllm"), priority=CappedDecodes(1))
+        scheduler = Scheduler(SchedulerConfig(num_pages=64), policy)
+        executor = DeterministicExecutor()
+        for i in range(3):
+            scheduler.add_request(Request(f"r{i}", prompt_len=4, max_new_tokens=5))
+        plan = scheduler.schedule()
+        scheduler.update(plan, executor.execute(plan))  # the three prompts, then one decode per step
+        for _ in range(4):
+            plan = scheduler.schedule()
+            assert plan.batch_size == 1
+            scheduler.update(plan, executor.execute(plan))
+
+    def test_subclasses_of_builtins_are_not_trusted(self) -> None:
+        """Only the built-in classes themselves qualify for the fast path, not subclasses that may override them."""
+        from phasesched.policies import DecodeFirst  # noqa: PLC0415 -- local to this test
+
+        @attrs.frozen
+        class Mine(DecodeFirst):
+            pass
+
+        scheduler = Scheduler(SchedulerConfig(num_pages=64), attrs.evolve(load_policy("vllm"), priority=Mine()))
+        scheduler.add_request(Request("a", prompt_len=8, max_new_tokens=20))
+        plan = scheduler.schedule()
+        scheduler.update(plan, DeterministicExecutor().execute(plan))
+        assert scheduler.decode_run(100) is None

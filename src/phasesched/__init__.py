@@ -15,6 +15,7 @@ from __future__ import annotations
 from importlib.metadata import PackageNotFoundError, version
 
 from phasesched.engine import Engine as Engine
+from phasesched.engine import FailurePolicy as FailurePolicy
 from phasesched.engine import VirtualClock as VirtualClock
 from phasesched.engine import WallClock as WallClock
 from phasesched.errors import DuplicateNameError as DuplicateNameError
@@ -69,7 +70,7 @@ def load_policy(name: str, options: PolicyOptions | None = None) -> SchedulingPo
     policy = factory(options or PolicyOptions())
     if not isinstance(policy, SchedulingPolicy):
         msg = f"policy plugin {name!r} returned {type(policy).__name__}, not a SchedulingPolicy"
-        raise TypeError(msg)
+        raise InvalidArgumentError(msg)
     return policy
 
 
@@ -82,6 +83,7 @@ __all__ = [
     "DuplicateRequestError",
     "Engine",
     "Executor",
+    "FailurePolicy",
     "FinishReason",
     "FinishedRequest",
     "InvalidArgumentError",

@@ -20,11 +20,16 @@ from phasesched.plan import StepPlan
 
 __all__ = ["DeterministicExecutor", "Executor", "StepResult"]
 
+_INT32 = np.iinfo(np.int32)
+
 
 def _int32_array(value: object) -> NDArray[np.int32]:
     array = np.asarray(value)
     if array.dtype.kind not in "iu":
         msg = f"token_ids must be integers, got dtype {array.dtype}"
+        raise InvalidResultError(msg)
+    if array.dtype != np.int32 and array.size and (int(array.max()) > _INT32.max or int(array.min()) < _INT32.min):
+        msg = f"token_ids must fit in int32 (a token id is at most {_INT32.max}), got {int(array.max())}"
         raise InvalidResultError(msg)
     out: NDArray[np.int32] = array.astype(np.int32)  # a copy, which the result then owns
     out.flags.writeable = False

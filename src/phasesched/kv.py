@@ -11,15 +11,36 @@ returns to the free pool only when its last reference goes.
 
 from __future__ import annotations
 
+import attrs
 import numpy as np
 from numpy.typing import NDArray
 
 from phasesched.errors import InvalidArgumentError, OutOfPagesError, UnknownTableError
+from phasesched.validators import is_int
 
-__all__ = ["PagedKVManager"]
+__all__ = ["FreedTables", "PagedKVManager"]
 
 Int32Array = NDArray[np.int32]
 _NO_PAGE = -1
+
+
+@attrs.frozen(eq=False)
+class FreedTables:
+    """What :meth:`PagedKVManager.free_many` freed, so :meth:`PagedKVManager.unfree` can undo it (opaque)."""
+
+    slots: Int32Array
+    counts: Int32Array
+    pages: Int32Array
+    num_released: int
+
+
+def _layout(slots: Int32Array, first: Int32Array, count: NDArray[np.integer]) -> tuple[Int32Array, Int32Array]:
+    """Row and column of ``count[i]`` table entries of each slot, from column ``first[i]`` on, in order."""
+    total = int(count.sum())
+    starts = np.cumsum(count) - count
+    rows: Int32Array = np.repeat(slots, count)
+    cols: Int32Array = np.repeat(first, count) + (np.arange(total) - np.repeat(starts, count))
+    return rows, cols
 
 
 def _read_only(array: NDArray[np.int32]) -> NDArray[np.int32]:
@@ -49,10 +70,10 @@ class PagedKVManager:
     """
 
     def __init__(self, num_pages: int, page_size: int, *, watermark: float = 0.0) -> None:
-        if num_pages <= 0 or page_size <= 0:
+        if not (is_int(num_pages) and is_int(page_size)) or num_pages <= 0 or page_size <= 0:
             msg = f"num_pages and page_size must be positive, got {num_pages} and {page_size}"
             raise InvalidArgumentError(msg)
-        if not 0.0 <= watermark < 1.0:
+        if not isinstance(watermark, (int, float)) or not 0.0 <= watermark < 1.0:
             msg = f"watermark must be in [0, 1), got {watermark}"
             raise InvalidArgumentError(msg)
         self.num_pages = num_pages
@@ -210,11 +231,31 @@ class PagedKVManager:
         if total == len(slots):  # one page each: the common case of decodes crossing a boundary
             self._table[slots, self._count[slots]] = fresh
         else:
-            rows = np.repeat(slots, need)
-            starts = np.cumsum(need) - need
-            cols = np.repeat(self._count[slots], need) + (np.arange(total) - np.repeat(starts, need))
+            rows, cols = _layout(slots, self._count[slots], need)
             self._table[rows, cols] = fresh
         self._count[slots] = new_counts.astype(np.int32)
+
+    def retract(self, slots: Int32Array, num_pages: Int32Array) -> None:
+        """Shrink table ``slots[i]`` back to its first ``num_pages[i]`` pages (undoes :meth:`extend_many`).
+
+        The pages dropped go back on top of the free pool in the order they were taken, so
+        retracting what one ``extend_many`` call (with the same ``slots``) added restores the
+        pool exactly. Tables already at or below their count are left alone.
+        """
+        current = self._count[slots]
+        shrink = current > num_pages
+        if not np.count_nonzero(shrink):
+            return
+        slots, keep = slots[shrink], num_pages[shrink].astype(np.int32)
+        rows, cols = _layout(slots, keep, current[shrink] - keep)
+        pages = self._table[rows, cols]
+        np.subtract.at(self._refcount, pages, 1)
+        released = pages[self._refcount[pages] == 0] if self._forked else pages
+        top = self._num_free
+        self._free[top : top + len(released)] = released[::-1]
+        self._num_free += len(released)
+        self._table[rows, cols] = _NO_PAGE
+        self._count[slots] = keep
 
     def allocate(self, slot: int, num_pages: int) -> Int32Array:
         """Append ``num_pages`` pages to table ``slot`` and return them.
@@ -227,8 +268,8 @@ class PagedKVManager:
 
         """
         self._check_open(slot)
-        if num_pages < 0:
-            msg = f"num_pages must be non-negative, got {num_pages}"
+        if not is_int(num_pages) or num_pages < 0:
+            msg = f"num_pages must be a non-negative int, got {num_pages!r}"
             raise InvalidArgumentError(msg)
         before = int(self._count[slot])
         self.grow_to(slot, (before + num_pages) * self.page_size)
@@ -255,11 +296,11 @@ class PagedKVManager:
         self._check_open(slot)
         self.free_many(np.array([slot], dtype=np.int32))
 
-    def free_many(self, slots: Int32Array) -> None:
-        """Vectorized :meth:`free` for distinct open slots."""
-        if len(slots) == 0:
-            return
+    def free_many(self, slots: Int32Array) -> FreedTables:
+        """Vectorized :meth:`free` for distinct open slots; returns what :meth:`unfree` needs to undo it."""
         counts = self._count[slots]
+        if len(slots) == 0:
+            return FreedTables(slots, counts, np.empty(0, np.int32), 0)
         _, pages = self.gather(slots, counts)
         if self._forked:  # a page may appear in several of these tables: count every reference
             np.subtract.at(self._refcount, pages, 1)
@@ -274,6 +315,24 @@ class PagedKVManager:
         self._count[slots] = 0
         self._open[slots] = False
         self._free_slots.extend(int(s) for s in slots)
+        return FreedTables(slots, counts, pages, len(released))
+
+    def unfree(self, freed: FreedTables) -> None:
+        """Undo the :meth:`free_many` call that returned ``freed``; nothing else may have changed since."""
+        if not len(freed.slots):
+            return
+        self._num_free -= freed.num_released  # its pages sit on top of the pool, as it left them
+        np.add.at(self._refcount, freed.pages, 1)
+        rows, cols = _layout(freed.slots, np.zeros(len(freed.slots), np.int32), freed.counts)
+        self._table[rows, cols] = freed.pages
+        self._count[freed.slots] = freed.counts
+        self._open[freed.slots] = True
+        del self._free_slots[-len(freed.slots) :]
+
+    def close_empty(self, slot: int) -> None:
+        """Undo :meth:`open`: close table ``slot``, which must hold no pages, and hand out its slot next."""
+        self._open[slot] = False
+        self._free_slots.append(slot)
 
     # ---------------------------------------------------------------- checks
     def check_invariants(self) -> None:

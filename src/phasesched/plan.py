@@ -141,7 +141,7 @@ class StepPlan:
         )
 
     def check_layout(self) -> None:
-        """Raise ``ValueError`` if the metadata arrays disagree with one another.
+        """Raise :class:`~phasesched.errors.InvalidPlanError` if the metadata arrays disagree with one another.
 
         The scheduler builds consistent plans; executors call this on plans of other origin.
         """

@@ -10,11 +10,15 @@ from __future__ import annotations
 
 import enum
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
 
 import attrs
+import numpy as np
+from numpy.typing import NDArray
 
 from phasesched.errors import InvalidRequestError
+from phasesched.validators import INT32_MAX, INT64_MAX, number, optional, whole
 
 __all__ = [
     "SLO",
@@ -30,8 +34,9 @@ __all__ = [
 class RequestStatus(enum.Enum):
     """Where a request stands in the scheduler's life cycle.
 
-    ``WAITING -> RUNNING -> (PREEMPTED -> RUNNING)* -> FINISHED | ABORTED``. ``REJECTED``
-    is the status of a request refused at the door; it never enters the scheduler.
+    ``WAITING -> RUNNING -> (PREEMPTED -> RUNNING)* -> FINISHED | ABORTED | FAILED``.
+    ``REJECTED`` is the status of a request refused at the door; it never enters the scheduler.
+    ``FAILED`` is a request the engine gave up on (its steps kept failing on the executor).
     """
 
     WAITING = "waiting"
@@ -39,6 +44,7 @@ class RequestStatus(enum.Enum):
     PREEMPTED = "preempted"
     FINISHED = "finished"
     ABORTED = "aborted"
+    FAILED = "failed"
     REJECTED = "rejected"
 
 
@@ -53,6 +59,8 @@ class FinishReason(enum.Enum):
     """The executor declared it finished (a simulator that knows the output length)."""
     ABORTED = "aborted"
     """The engine aborted it."""
+    ERROR = "error"
+    """Ended by the engine because the executor kept failing on its steps (see ``Scheduler.fail``)."""
 
 
 class Phase(enum.IntEnum):
@@ -71,20 +79,19 @@ def phase_of(start: int, num_new: int, prompt_len: int) -> Phase:
     return Phase.DECODE if num_new == 1 and start >= prompt_len else Phase.PREFILL
 
 
-def _positive(_: object, attribute: attrs.Attribute[int], value: int) -> None:
-    if value <= 0:
-        msg = f"{attribute.name} must be positive, got {value}"
-        raise InvalidRequestError(msg)
+_request_int = whole(error=InvalidRequestError, gt=0, le=INT32_MAX)
+_non_negative = number(error=InvalidRequestError, ge=0.0)
 
 
-def _non_negative_or_none(_: object, attribute: attrs.Attribute[float | None], value: float | None) -> None:
-    if value is not None and not (value >= 0 and math.isfinite(value)):
-        msg = f"{attribute.name} must be a finite non-negative number, got {value}"
-        raise InvalidRequestError(msg)
+def _instance_of(kind: type | tuple[type, ...]) -> Callable[[object, attrs.Attribute[Any], object], None]:
+    names = " or ".join(k.__name__ for k in (kind if isinstance(kind, tuple) else (kind,)))
 
+    def check(_: object, attribute: attrs.Attribute[Any], value: object) -> None:
+        if not isinstance(value, kind):
+            msg = f"{attribute.name} must be a {names}, got {value!r}"
+            raise InvalidRequestError(msg)
 
-def _non_negative(_: object, attribute: attrs.Attribute[float], value: float) -> None:
-    _non_negative_or_none(_, attribute, value)  # type: ignore[arg-type]  # Attribute is invariant
+    return check
 
 
 @attrs.frozen
@@ -97,8 +104,8 @@ class SLO:
 
     """
 
-    ttft_s: float | None = attrs.field(default=None, validator=_non_negative_or_none)
-    tpot_s: float | None = attrs.field(default=None, validator=_non_negative_or_none)
+    ttft_s: float | None = attrs.field(default=None, validator=optional(_non_negative))
+    tpot_s: float | None = attrs.field(default=None, validator=optional(_non_negative))
 
 
 @attrs.frozen
@@ -110,9 +117,9 @@ class SamplingParams:
     """
 
     temperature: float = attrs.field(default=0.0, validator=_non_negative)
-    top_k: int = attrs.field(default=0, validator=attrs.validators.ge(0))
-    top_p: float = attrs.field(default=1.0, validator=[attrs.validators.gt(0.0), attrs.validators.le(1.0)])
-    seed: int | None = None
+    top_k: int = attrs.field(default=0, validator=whole(error=InvalidRequestError, ge=0))
+    top_p: float = attrs.field(default=1.0, validator=number(error=InvalidRequestError, gt=0.0, le=1.0))
+    seed: int | None = attrs.field(default=None, validator=optional(whole(error=InvalidRequestError, ge=0)))
 
     @property
     def greedy(self) -> bool:
@@ -120,8 +127,31 @@ class SamplingParams:
         return self.temperature == 0.0
 
 
+def _token_ids(values: object, what: str) -> NDArray[np.int64]:
+    """``values`` as token ids: a 1-D sequence of ints in ``[0, 2**31)`` (an int32 token id)."""
+    try:
+        array = np.asarray(values if isinstance(values, np.ndarray) else tuple(values))  # type: ignore[arg-type]
+    except TypeError as error:  # not iterable
+        msg = f"{what} must be a sequence of token ids, got {values!r}"
+        raise InvalidRequestError(msg) from error
+    if array.ndim != 1 or (len(array) and array.dtype.kind not in "iu"):
+        msg = f"{what} must be a 1-D sequence of ints, got {array.dtype} values of shape {array.shape}"
+        raise InvalidRequestError(msg)
+    if len(array) and (int(array.min()) < 0 or int(array.max()) > INT32_MAX):
+        msg = f"{what} must lie in [0, {INT32_MAX}] (int32 token ids), got {int(array.min())}..{int(array.max())}"
+        raise InvalidRequestError(msg)
+    ids: NDArray[np.int64] = array.astype(np.int64)
+    return ids
+
+
 def _token_tuple(value: Sequence[int] | None) -> tuple[int, ...] | None:
-    return None if value is None else tuple(map(int, value))
+    return None if value is None else tuple(_token_ids(value, "prompt_token_ids").tolist())
+
+
+def _token_set(value: Iterable[int]) -> frozenset[int]:
+    if not value:
+        return frozenset()
+    return frozenset(_token_ids(value, "stop_token_ids").tolist())
 
 
 @attrs.frozen
@@ -150,26 +180,26 @@ class Request:
 
     """
 
-    request_id: str = attrs.field(validator=attrs.validators.instance_of(str))
-    prompt_len: int = attrs.field(default=-1)
-    max_new_tokens: int = attrs.field(default=16, validator=_positive)
+    request_id: str
+    prompt_len: int = -1
+    max_new_tokens: int = 16
     prompt_token_ids: tuple[int, ...] | None = attrs.field(default=None, converter=_token_tuple)
     eos_token_id: int | None = None
-    stop_token_ids: frozenset[int] = attrs.field(default=frozenset(), converter=frozenset)
+    stop_token_ids: frozenset[int] = attrs.field(default=frozenset(), converter=_token_set)
     ignore_eos: bool = False
-    arrival_time: float = attrs.field(default=0.0, validator=_non_negative)
+    arrival_time: float = 0.0
     priority: int = 0
     slo: SLO | None = None
     sampling: SamplingParams = attrs.field(factory=SamplingParams)
 
     def __attrs_post_init__(self) -> None:
+        if not _plainly_valid(self):  # the common case costs one expression; the rest names the bad field
+            for name, validator in _REQUEST_FIELDS.items():
+                validator(self, attrs.fields_dict(Request)[name], getattr(self, name))
         ids = self.prompt_token_ids
         if ids is not None:
             if self.prompt_len not in (-1, len(ids)):
                 msg = f"prompt_len={self.prompt_len} disagrees with {len(ids)} prompt_token_ids"
-                raise InvalidRequestError(msg)
-            if any(t < 0 for t in ids):
-                msg = "prompt_token_ids must be non-negative"
                 raise InvalidRequestError(msg)
             object.__setattr__(self, "prompt_len", len(ids))
         if self.prompt_len <= 0:
@@ -185,3 +215,37 @@ class Request:
     def max_total_tokens(self) -> int:
         """Prompt plus the most tokens it may generate — the KV it can ever need."""
         return self.prompt_len + self.max_new_tokens
+
+
+_REQUEST_FIELDS: dict[str, Callable[[object, attrs.Attribute[Any], Any], None]] = {
+    "request_id": _instance_of(str),
+    "prompt_len": whole(error=InvalidRequestError, ge=-1, le=INT32_MAX),
+    "max_new_tokens": _request_int,
+    "eos_token_id": optional(whole(error=InvalidRequestError, ge=0, le=INT32_MAX)),
+    "ignore_eos": _instance_of((bool, np.bool_)),
+    "arrival_time": _non_negative,
+    "priority": whole(error=InvalidRequestError, ge=-INT64_MAX - 1, le=INT64_MAX),
+    "slo": optional(_instance_of(SLO)),
+    "sampling": _instance_of(SamplingParams),
+}
+"""Each checked field of :class:`Request` and its validator, run in full when the fast check fails."""
+
+
+def _plainly_valid(request: Request) -> bool:
+    """The fast check: every field has its plain Python type and range (no numpy scalars, no NaN)."""
+    eos = request.eos_token_id
+    return (
+        type(request.request_id) is str
+        and type(request.prompt_len) is int
+        and -1 <= request.prompt_len <= INT32_MAX
+        and type(request.max_new_tokens) is int
+        and 0 < request.max_new_tokens <= INT32_MAX
+        and (eos is None or (type(eos) is int and 0 <= eos <= INT32_MAX))
+        and type(request.ignore_eos) is bool
+        and type(request.arrival_time) in (float, int)
+        and 0.0 <= request.arrival_time < math.inf
+        and type(request.priority) is int
+        and -INT64_MAX - 1 <= request.priority <= INT64_MAX
+        and (request.slo is None or type(request.slo) is SLO)
+        and type(request.sampling) is SamplingParams
+    )

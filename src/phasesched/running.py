@@ -194,6 +194,16 @@ class RunningArrays:
             seq.slot = -1
         self.seqs[slots] = None
 
+    def reload(
+        self, slots: Int32Array, seqs: list[SequenceState], progress: list[tuple[list[int] | None, int]]
+    ) -> None:
+        """Undo :meth:`unload`: ``seqs`` run in ``slots`` again, their ``(outputs, num_generated)`` as before."""
+        self.running[slots] = True
+        self.num_with_tokens += int(np.count_nonzero(self.tokens_matter(slots)))
+        for slot, seq, (outputs, generated) in zip(slots.tolist(), seqs, progress, strict=True):
+            self.seqs[slot] = seq
+            seq.outputs, seq.num_generated, seq.slot = outputs, generated, slot
+
 
 def read_only(array: NDArray[Any]) -> NDArray[Any]:
     """A read-only view of ``array`` (the array itself stays writable for its owner)."""

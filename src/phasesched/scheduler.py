@@ -5,11 +5,14 @@ admissions, KV pages) and returns an immutable :class:`~phasesched.plan.StepPlan
 runs the plan on an executor and hands the result to ``update(plan, result)``, which advances
 every request's computed tokens, appends sampled tokens and retires finished requests. At most
 one plan is in flight. Bad input at any of these boundaries raises a typed error and changes
-nothing.
+nothing, and both verbs are atomic: if either raises, for any reason (a plugin's bug included),
+the scheduler is exactly as it was before the call (see :mod:`phasesched.journal`). A plan the
+executor could not run is given back with ``abandon(plan)``.
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterator
 
 import attrs
@@ -19,6 +22,7 @@ from numpy.typing import NDArray
 from phasesched.decode_run import DecodeRun, steps_that_fit
 from phasesched.errors import (
     DuplicateRequestError,
+    InvalidArgumentError,
     InvalidPlanError,
     InvalidResultError,
     PlanInFlightError,
@@ -26,21 +30,30 @@ from phasesched.errors import (
     UnknownRequestError,
 )
 from phasesched.executor import StepResult
+from phasesched.journal import Journal
 from phasesched.kv import PagedKVManager
 from phasesched.plan import StepPlan, build_step_plan, token_positions
 from phasesched.policies.builder import BatchBuilder, checked_chunk
 from phasesched.policies.chunking import ChunkContext, PrefillCandidate
 from phasesched.policies.policy import SchedulingPolicy
+from phasesched.policies.priority import EVERY_DECODE_PRIORITIES
 from phasesched.request import FinishReason, Request, RequestStatus
 from phasesched.running import RunningArrays
 from phasesched.selection import CheckedSelection, Selection, check_selection
 from phasesched.sequence import SequenceState
+from phasesched.validators import INT32_MAX, is_int, number, whole
 from phasesched.view import SchedulerView
 from phasesched.waiting import WaitingQueue
 
 __all__ = ["FinishedRequest", "Scheduler", "SchedulerConfig", "StepOutcome"]
 
 Int32Array = NDArray[np.int32]
+
+
+def _expect(value: object, kind: type | tuple[type, ...], error: type[Exception], what: str) -> None:
+    if not isinstance(value, kind):
+        msg = f"{what} must be a {getattr(kind, '__name__', kind)}, got {value!r}"
+        raise error(msg)
 
 
 def _frozen(array: Int32Array) -> Int32Array:
@@ -60,10 +73,10 @@ class SchedulerConfig:
 
     """
 
-    num_pages: int = attrs.field(validator=attrs.validators.gt(0))
-    page_size: int = attrs.field(default=16, validator=attrs.validators.gt(0))
-    max_model_len: int = attrs.field(default=32768, validator=attrs.validators.gt(0))
-    watermark: float = attrs.field(default=0.0, validator=[attrs.validators.ge(0.0), attrs.validators.lt(1.0)])
+    num_pages: int = attrs.field(validator=whole(gt=0, le=INT32_MAX))
+    page_size: int = attrs.field(default=16, validator=whole(gt=0, le=INT32_MAX))
+    max_model_len: int = attrs.field(default=32768, validator=whole(gt=0, le=INT32_MAX))
+    watermark: float = attrs.field(default=0.0, validator=number(ge=0.0, lt=1.0))
 
 
 @attrs.frozen
@@ -72,12 +85,13 @@ class FinishedRequest:
 
     Attributes:
         request_id: Its id.
-        status: ``FINISHED`` or ``ABORTED``.
+        status: ``FINISHED``, ``ABORTED`` or ``FAILED``.
         reason: Why it stopped.
         prompt_len: Its prompt length.
         num_generated: Tokens it generated.
         output_token_ids: The generated ids, or ``None`` for a length-only request.
         num_preemptions: How often it was preempted and recomputed.
+        error: Why it failed (``FAILED`` only), as given to :meth:`Scheduler.fail`.
 
     """
 
@@ -88,6 +102,7 @@ class FinishedRequest:
     num_generated: int
     output_token_ids: tuple[int, ...] | None
     num_preemptions: int
+    error: str | None = None
 
 
 @attrs.frozen(eq=False)
@@ -122,6 +137,8 @@ class Scheduler:
     """
 
     def __init__(self, config: SchedulerConfig, policy: SchedulingPolicy | None = None) -> None:
+        _expect(config, SchedulerConfig, InvalidArgumentError, "Scheduler's config")
+        _expect(policy, (SchedulingPolicy, type(None)), InvalidArgumentError, "Scheduler's policy")
         self.config = config
         self.policy = policy or SchedulingPolicy(name="default")
         self.kv = PagedKVManager(config.num_pages, config.page_size, watermark=config.watermark)
@@ -132,10 +149,11 @@ class Scheduler:
         self._in_flight: StepPlan | None = None
         self._next_step = 0
         self._released: list[str] = []
+        self._carried_preempted: list[str] = []  # preemptions of an abandoned plan, reported by the next
         self._version = 0  # bumped by every change, so a DecodeRun can tell it is still current
-        # Steady all-decode steps are built without asking the policy (when it declares
-        # schedules_every_decode); tests turn this off to hold the two paths to each other.
-        self._steady_fast_path = True
+        # Steady all-decode steps are built without asking the policy, for the built-in phase
+        # priorities that are known (and property-tested) to schedule every decode then.
+        self._steady_fast_path = type(self.policy.priority) in EVERY_DECODE_PRIORITIES
 
     # ------------------------------------------------------------------ requests
     def add_request(self, request: Request, *, precomputed_tokens: int = 0) -> None:
@@ -149,16 +167,19 @@ class Scheduler:
                 logits give the first token. Lost (recomputed) if the request is preempted.
 
         Raises:
+            InvalidArgumentError: ``request`` is not a :class:`~phasesched.request.Request`.
             DuplicateRequestError: Its id is already held.
             RequestRejectedError: It can never be served (too long for the model or the KV
                 cache, or a prompt the policy could never start).
-            InvalidPlanError: The policy's chunk sizer answered out of range.
+            InvalidPlanError: The policy's chunk sizer answered out of range, or its queue
+                order gave a key that does not compare with the others.
 
         """
+        _expect(request, Request, InvalidArgumentError, "add_request's request")
         if request.request_id in self._seqs:
             msg = f"request {request.request_id!r} is already in the scheduler"
             raise DuplicateRequestError(msg)
-        if not 0 <= precomputed_tokens < request.prompt_len:
+        if not is_int(precomputed_tokens) or not 0 <= precomputed_tokens < request.prompt_len:
             raise RequestRejectedError(
                 request.request_id,
                 f"precomputed_tokens={precomputed_tokens} must be in [0, prompt_len={request.prompt_len})",
@@ -166,9 +187,9 @@ class Scheduler:
         self._check_servable(request)
         outputs: list[int] | None = [] if request.has_token_ids else None
         key = self.policy.queue_order.key(request)
-        seq = SequenceState(request, key, outputs=outputs, precomputed=precomputed_tokens)
+        seq = SequenceState(request, key, outputs=outputs, precomputed=int(precomputed_tokens))
+        self._waiting.push(seq)  # first: the one step that can refuse (a plugin's incomparable key)
         self._seqs[request.request_id] = seq
-        self._waiting.push(seq)
         self._version += 1
 
     def abort(self, request_id: str) -> FinishedRequest | None:
@@ -190,29 +211,82 @@ class Scheduler:
         if self._in_flight is not None and seq.slot >= 0 and np.any(self._in_flight.slots == seq.slot):
             self._arrays.abort_pending[seq.slot] = True
             return None
-        if seq.slot >= 0:
-            self._retire(np.array([seq.slot], np.int32))
-        else:
-            self._waiting.remove(request_id)
-        return self._finish_record(seq, RequestStatus.ABORTED, FinishReason.ABORTED)
+        return self._end(seq, RequestStatus.ABORTED, FinishReason.ABORTED)
+
+    def fail(self, request_id: str, reason: str) -> FinishedRequest:
+        """End a request as failed, because of ``reason``, and free its KV.
+
+        An engine calls this for the requests of a plan whose executor kept failing (after
+        :meth:`abandon`); the record's status is ``FAILED``, its reason ``ERROR``, its
+        ``error`` the ``reason`` given. Executors learn of it through the next plan's ``released``.
+
+        Raises:
+            UnknownRequestError: No such request is held.
+            PlanInFlightError: It is part of the plan in flight: ``abandon()`` or ``update()`` that first.
+
+        """
+        seq = self._seq(request_id)
+        if self._in_flight is not None and seq.slot >= 0 and np.any(self._in_flight.slots == seq.slot):
+            msg = f"request {request_id!r} is part of plan {self._in_flight.step_id} in flight; abandon it first"
+            raise PlanInFlightError(msg)
+        self._version += 1
+        return self._end(seq, RequestStatus.FAILED, FinishReason.ERROR, error=str(reason))
+
+    def _end(
+        self, seq: SequenceState, status: RequestStatus, reason: FinishReason, error: str | None = None
+    ) -> FinishedRequest:
+        """End a held request that is not in flight: free its KV or leave the queue, atomically."""
+        journal = Journal()
+        self._save_scalars(journal)
+        try:
+            if seq.slot >= 0:
+                self._retire(np.array([seq.slot], np.int32), journal)
+            else:
+                self._waiting.remove(seq.request.request_id)
+                journal.record(functools.partial(self._waiting.push, seq))
+            return self._finish_record(seq, status, reason, journal, error=error)
+        except BaseException:
+            journal.rollback()
+            raise
 
     # ------------------------------------------------------------------ the loop
     def schedule(self, now: float = 0.0) -> StepPlan:
         """Plan the next step. An empty plan means there is nothing to run now.
 
+        Atomic: whatever it raises, the scheduler is as it was before the call.
+
         Raises:
-            PlanInFlightError: The previous plan has not been updated yet.
+            PlanInFlightError: The previous plan has not been updated (or abandoned) yet.
             InvalidPlanError: The policy proposed an invalid step; nothing changed.
+            InvalidArgumentError: ``now`` is not a finite number.
 
         """
         if self._in_flight is not None:
-            msg = f"plan {self._in_flight.step_id} is still in flight; call update() first"
+            msg = f"plan {self._in_flight.step_id} is still in flight; call update() or abandon() first"
             raise PlanInFlightError(msg)
+        if now - now != 0:  # NaN and infinities; one subtraction on the hot path
+            msg = f"now must be a finite number of seconds, got {now!r}"
+            raise InvalidArgumentError(msg)
         checked = self._steady_step() if self._steady_fast_path else None
-        plan = self._commit(checked if checked is not None else self._ask_policy(now))
+        checked = checked if checked is not None else self._ask_policy(now)
+        journal = Journal()
+        try:
+            plan = self._commit(checked, journal)
+        except BaseException:
+            journal.rollback()
+            raise
         self._in_flight = plan
         self._version += 1
         return plan
+
+    def _save_scalars(self, journal: Journal) -> None:
+        """Record how to restore the running order and pending releases (before a step retires or admits)."""
+        saved = (self._running, list(self._released))
+
+        def restore() -> None:
+            self._running, self._released = saved
+
+        journal.record(restore)
 
     def _ask_policy(self, now: float) -> CheckedSelection:
         """The policy's selection for this step, checked before anything changes."""
@@ -242,6 +316,9 @@ class Scheduler:
     def update(self, plan: StepPlan, result: StepResult) -> StepOutcome:
         """Apply an executor's result to the plan in flight.
 
+        Atomic: whatever it raises, the scheduler is as it was before the call and the plan
+        is still in flight.
+
         Raises:
             InvalidResultError: ``plan`` is not the plan in flight, or ``result`` does not
                 match it; nothing was applied.
@@ -250,13 +327,17 @@ class Scheduler:
         if plan is not self._in_flight:
             msg = f"plan {plan.step_id} is not the plan in flight"
             raise InvalidResultError(msg)
+        _expect(result, StepResult, InvalidResultError, "update's result")
         result.check_against(plan)
+        journal = Journal()
+        try:
+            finished = self._apply(plan, result, journal)
+        except BaseException:
+            journal.rollback()
+            raise
         self._in_flight = None
         self._version += 1
-        self._arrays.computed[plan.slots] = plan.kv_len
         new_tokens = np.where(plan.samples, result.token_ids, -1).astype(np.int32)
-        done, reasons = self._record_tokens(plan, result)
-        finished = self._finish(plan.slots[done], reasons) if len(reasons) else ()
         return StepOutcome(
             step_id=plan.step_id,
             request_ids=plan.request_ids,
@@ -265,21 +346,93 @@ class Scheduler:
             duration_s=result.duration_s,
         )
 
+    def _apply(self, plan: StepPlan, result: StepResult, journal: Journal) -> tuple[FinishedRequest, ...]:
+        """Record the plan's computed and sampled tokens; retire what finished."""
+        arrays, slots = self._arrays, plan.slots
+        last_token = arrays.last_token[slots]  # a copy, for the undo
+
+        def undo() -> None:
+            # Before the plan, computed was its start, and a slice that samples knew kv_len tokens.
+            arrays.computed[slots], arrays.last_token[slots] = plan.start, last_token
+            arrays.known[slots[plan.samples]] = plan.kv_len[plan.samples]
+
+        journal.record(undo)
+        arrays.computed[slots] = plan.kv_len
+        done, reasons = self._record_tokens(plan, result)
+        if not reasons:
+            return ()
+        self._save_scalars(journal)
+        return self._finish(slots[done], reasons, journal)
+
+    def abandon(self, plan: StepPlan) -> tuple[FinishedRequest, ...]:
+        """Give back the plan in flight, unexecuted: its executor could not run it.
+
+        The plan's requests return to where they stood before it, and no token of it is
+        recorded. Those that were running keep the tokens they had computed and give back the
+        pages the plan's new tokens took; those the plan admitted return to the waiting queue
+        in their old place, unpreempted (a disaggregated request's transferred KV is dropped
+        with its pages and recomputed). Requests the plan preempted stay preempted, and
+        requests aborted while it was in flight are retired now. The next plan repeats what
+        this one told the executor: its ``preempted`` and ``released`` carry over, and the
+        requests it admitted are released. The plan's ``step_id`` is not reused.
+
+        Returns:
+            The requests aborted while the plan was in flight, now retired.
+
+        Raises:
+            InvalidPlanError: ``plan`` is not the plan in flight; nothing changed.
+
+        """
+        if plan is not self._in_flight or plan is None:
+            msg = f"plan {getattr(plan, 'step_id', plan)} is not the plan in flight"
+            raise InvalidPlanError(msg)
+        self._in_flight = None
+        self._version += 1
+        arrays, slots, journal = self._arrays, plan.slots, Journal()
+        aborted = arrays.abort_pending[slots]
+        finished = self._finish(slots[aborted], [FinishReason.ABORTED] * int(aborted.sum()), journal)
+        new_ids = {request.request_id for request in plan.new_requests}
+        admitted = np.array([rid in new_ids for rid in plan.request_ids], dtype=bool) & ~aborted
+        kept = ~admitted & ~aborted
+        self.kv.retract(slots[kept], -(-plan.start[kept] // self.kv.page_size))
+        returned = self._unadmit(slots[admitted])
+        self._released = [*plan.released, *returned, *self._released]
+        self._carried_preempted = list(plan.preempted)
+        return finished
+
+    def _unadmit(self, slots: Int32Array) -> list[str]:
+        """Return requests admitted by an abandoned plan to their place in the waiting queue."""
+        if not len(slots):
+            return []
+        seqs: list[SequenceState] = self._arrays.seqs[slots].tolist()
+        self._retire(slots, Journal())
+        for seq in seqs:
+            seq.status = RequestStatus.PREEMPTED if seq.num_preemptions else RequestStatus.WAITING
+            seq.precomputed = 0  # its transferred KV went with its pages
+            self._waiting.push(seq)
+        return [seq.request.request_id for seq in seqs]
+
     # ------------------------------------------------------------------ steady decoding
     def decode_run(self, max_steps: int) -> DecodeRun | None:
         """The next steps, if they are certain to be identical pure-decode steps (the simulation fast path).
 
         A simulator uses this to advance many steps in one vectorized computation. It applies
         when the next step is steady (no plan in flight, nothing waiting, every running request
-        decoding one token within the budget and KV, under a phase priority that declares
-        ``schedules_every_decode``) and no running request's tokens matter (no token ids, EOS
-        or stop tokens: a simulator makes them up); then each step until the first finish
-        schedules exactly the same requests, one token each.
+        decoding one token within the budget and KV, under one of the built-in phase priorities
+        of :data:`~phasesched.policies.priority.EVERY_DECODE_PRIORITIES`) and no running
+        request's tokens matter (no token ids, EOS or stop tokens: a simulator makes them up);
+        then each step until the first finish schedules exactly the same requests, one token each.
 
         Returns:
             The run, capped at ``max_steps``, or ``None`` when it does not apply.
+
+        Raises:
+            InvalidArgumentError: ``max_steps`` is not an int.
         """
-        if max_steps < 1 or self._arrays.num_with_tokens:
+        if not is_int(max_steps):
+            msg = f"max_steps must be an int, got {max_steps!r}"
+            raise InvalidArgumentError(msg)
+        if max_steps < 1 or self._arrays.num_with_tokens or not self._steady_fast_path:
             return None
         step = self._steady_step()
         if step is None:
@@ -304,33 +457,48 @@ class Scheduler:
         if run._version != self._version:  # noqa: SLF001 -- the run's own token
             msg = "this DecodeRun is stale: the scheduler changed after decode_run()"
             raise InvalidPlanError(msg)
-        if not 1 <= num_steps <= run.max_steps:
+        if not is_int(num_steps) or not 1 <= num_steps <= run.max_steps:
             msg = f"num_steps must be in [1, {run.max_steps}], got {num_steps}"
             raise InvalidPlanError(msg)
-        arrays, slots = self._arrays, run.slots
-        computed = arrays.computed[slots] + num_steps
-        self.kv.grow_many(slots, computed)  # first: it is the only step that could fail
-        arrays.computed[slots] = computed
-        known = arrays.known[slots] + num_steps
-        arrays.known[slots] = known
+        journal = Journal()
+        try:
+            finished = self._advance(run.slots, int(num_steps), journal)
+        except BaseException:
+            journal.rollback()
+            raise
         self._next_step += num_steps
         self._version += 1
+        return finished
+
+    def _advance(self, slots: Int32Array, num_steps: int, journal: Journal) -> tuple[FinishedRequest, ...]:
+        arrays = self._arrays
+        computed = arrays.computed[slots] + num_steps
+        self._extend(slots, self.kv.pages_to_grow(slots, computed), journal)
+        known = arrays.known[slots] + num_steps
+
+        def undo() -> None:
+            arrays.computed[slots], arrays.known[slots] = computed - num_steps, known - num_steps
+
+        journal.record(undo)
+        arrays.computed[slots], arrays.known[slots] = computed, known
         done = slots[known >= arrays.max_known[slots]]
-        return self._finish(done, [FinishReason.LENGTH] * len(done)) if len(done) else ()
+        if not len(done):
+            return ()
+        self._save_scalars(journal)
+        return self._finish(done, [FinishReason.LENGTH] * len(done), journal)
 
     def _steady_step(self) -> CheckedSelection | None:
         """The next step, when it is certain to be every running request decoding one token.
 
         That holds when no plan is in flight, nothing waits, every running request decodes (one
         generated token left to feed), the budget holds them all, KV covers the step, and the
-        phase priority declares ``schedules_every_decode``. Then the policy's answer is known
-        without asking it, and as the selection is built here from the scheduler's own state
-        there is nothing to check.
+        phase priority is a built-in one known to schedule every decode then (the caller checks
+        :data:`~phasesched.policies.priority.EVERY_DECODE_PRIORITIES`). Then the policy's answer
+        is known without asking it, and as the selection is built here from the scheduler's own
+        state there is nothing to check.
         """
         running = self._running
         if self._in_flight is not None or len(self._waiting) or not len(running):
-            return None
-        if not getattr(self.policy.priority, "schedules_every_decode", False):
             return None
         if len(running) > self.policy.budget.max_num_batched_tokens:
             return None
@@ -383,6 +551,14 @@ class Scheduler:
     def waiting_request_ids(self) -> Iterator[str]:
         """Waiting requests in queue order, lazily."""
         return (seq.request.request_id for seq in self._waiting.ordered())
+
+    def request(self, request_id: str) -> Request:
+        """The held request with this id.
+
+        Raises:
+            UnknownRequestError: No such request is held.
+        """
+        return self._seq(request_id).request
 
     def status(self, request_id: str) -> RequestStatus:
         """Where a held request stands."""
@@ -446,17 +622,20 @@ class Scheduler:
                 f"{most_cached} tokens under a budget of {self.policy.budget.max_num_batched_tokens}",
             )
 
-    def _commit(self, checked: CheckedSelection) -> StepPlan:
+    def _commit(self, checked: CheckedSelection, journal: Journal) -> StepPlan:
+        """Apply a checked selection and build its plan, recording every change in ``journal``."""
         selection, arrays = checked.selection, self._arrays
-        preempted = self._preempt(selection.preempted)
+        if selection.preempted or selection.admitted:  # the steady step changes neither
+            self._save_scalars(journal)
+        preempted = [*self._carried_preempted, *self._preempt(selection.preempted, journal)]
         slots, start, known, num_new = selection.running_slots, checked.start, checked.known, selection.running_tokens
-        self.kv.extend_many(slots, checked.new_pages)
+        self._extend(slots, checked.new_pages, journal)
         new_requests: list[Request] = []
         if selection.admitted:
-            admitted, new_requests = self._admit(selection.admitted)
+            admitted, new_requests = self._admit(selection.admitted, journal)
             admitted_tokens = np.asarray(selection.admitted_tokens, dtype=np.int32)
             admitted_start = arrays.computed[admitted]  # precomputed (transferred) tokens, usually 0
-            self.kv.grow_many(admitted, admitted_start + admitted_tokens)
+            self._extend(admitted, self.kv.pages_to_grow(admitted, admitted_start + admitted_tokens), journal)
             slots = np.concatenate([slots, admitted])
             start = np.concatenate([start, admitted_start])
             known = np.concatenate([known, arrays.known[admitted]])
@@ -481,17 +660,33 @@ class Scheduler:
         )
         self._next_step += 1
         self._released = []
+        self._carried_preempted = []
         return plan
 
-    def _preempt(self, victims: tuple[int, ...]) -> list[str]:
+    def _extend(self, slots: Int32Array, num_pages: NDArray[np.int64], journal: Journal) -> None:
+        if not np.count_nonzero(num_pages):  # most decode steps cross no page boundary
+            return
+        counts = self.kv.page_counts[slots]  # a copy (fancy indexing), for the undo
+        self.kv.extend_many(slots, num_pages)
+        journal.record(lambda: self.kv.retract(slots, counts))
+
+    def _preempt(self, victims: tuple[int, ...], journal: Journal) -> list[str]:
         if not victims:
             return []
         slots = np.asarray(victims, dtype=np.int32)
         seqs: list[SequenceState] = self._arrays.seqs[slots].tolist()
-        self._retire(slots)
+        saved = [(seq.status, seq.num_preemptions, seq.precomputed) for seq in seqs]
+        self._retire(slots, journal)
+
+        def undo() -> None:
+            for seq, (status, preemptions, precomputed) in zip(seqs, saved, strict=True):
+                if seq.request.request_id in self._waiting:
+                    self._waiting.remove(seq.request.request_id)
+                seq.status, seq.num_preemptions, seq.precomputed = status, preemptions, precomputed
+
+        journal.record(undo)
         ids = []
         for seq in seqs:
-            assert seq is not None
             seq.status = RequestStatus.PREEMPTED
             seq.num_preemptions += 1
             seq.precomputed = 0  # its transferred KV is gone with its pages
@@ -500,25 +695,37 @@ class Scheduler:
         self._released.extend(ids)
         return ids
 
-    def _admit(self, request_ids: tuple[str, ...]) -> tuple[Int32Array, list[Request]]:
+    def _admit(self, request_ids: tuple[str, ...], journal: Journal) -> tuple[Int32Array, list[Request]]:
         slots = np.empty(len(request_ids), dtype=np.int32)
         requests = []
         for i, request_id in enumerate(request_ids):
             seq = self._waiting.remove(request_id)
+            journal.record(functools.partial(self._readmit, seq, seq.status))
             slot = self.kv.open()
+            journal.record(functools.partial(self.kv.close_empty, slot))
             self._arrays.load(slot, seq, self.config.max_model_len)
             seq.slot, seq.status = slot, RequestStatus.RUNNING
+            journal.record(functools.partial(self._arrays.unload, np.array([slot], np.int32)))
             slots[i] = slot
             requests.append(seq.request)
         if len(slots):
             self._running = _frozen(np.concatenate([self._running, slots]))
         return slots, requests
 
-    def _retire(self, slots: Int32Array) -> None:
+    def _readmit(self, seq: SequenceState, status: RequestStatus) -> None:
+        """Undo an admission's removal from the waiting queue: same key, same place."""
+        seq.status = status
+        self._waiting.push(seq)
+
+    def _retire(self, slots: Int32Array, journal: Journal) -> None:
         """Free the KV of running ``slots`` and take them off the running set."""
         arrays = self._arrays
-        self.kv.free_many(slots)
+        seqs: list[SequenceState] = arrays.seqs[slots].tolist()
+        progress = [(seq.outputs, seq.num_generated) for seq in seqs]
+        freed = self.kv.free_many(slots)
+        journal.record(lambda: self.kv.unfree(freed))
         arrays.unload(slots)
+        journal.record(lambda: arrays.reload(slots, seqs, progress))
         self._running = _frozen(self._running[arrays.running[self._running]])
 
     def _input_ids(
@@ -572,21 +779,28 @@ class Scheduler:
             slots, tokens, known = slots[with_ids], tokens[with_ids], known[with_ids]
         self._arrays.tokens.write(slots, known - 1, tokens)
 
-    def _finish(self, slots: Int32Array, reasons: list[FinishReason]) -> tuple[FinishedRequest, ...]:
+    def _finish(self, slots: Int32Array, reasons: list[FinishReason], journal: Journal) -> tuple[FinishedRequest, ...]:
         if not len(slots):
             return ()
         seqs: list[SequenceState] = self._arrays.seqs[slots].tolist()
-        self._retire(slots)
+        self._retire(slots, journal)
         records = []
         for seq, reason in zip(seqs, reasons, strict=True):
-            assert seq is not None
             status = RequestStatus.ABORTED if reason is FinishReason.ABORTED else RequestStatus.FINISHED
-            records.append(self._finish_record(seq, status, reason))
+            records.append(self._finish_record(seq, status, reason, journal))
         return tuple(records)
 
-    def _finish_record(self, seq: SequenceState, status: RequestStatus, reason: FinishReason) -> FinishedRequest:
+    def _finish_record(
+        self,
+        seq: SequenceState,
+        status: RequestStatus,
+        reason: FinishReason,
+        journal: Journal,
+        error: str | None = None,
+    ) -> FinishedRequest:
         request = seq.request
         del self._seqs[request.request_id]
+        journal.record(functools.partial(self._hold, seq, seq.status))
         seq.status = status
         self._released.append(request.request_id)
         outputs = None if seq.outputs is None else tuple(seq.outputs)
@@ -598,4 +812,10 @@ class Scheduler:
             num_generated=seq.num_generated,
             output_token_ids=outputs,
             num_preemptions=seq.num_preemptions,
+            error=error,
         )
+
+    def _hold(self, seq: SequenceState, status: RequestStatus) -> None:
+        """Undo a request's end: hold it again with its old status."""
+        seq.status = status
+        self._seqs[seq.request.request_id] = seq

@@ -3,7 +3,10 @@
 Policies are plugins and may be wrong. Whatever a phase-priority policy returns is checked here,
 vectorized, against the scheduler's state: a request appears at most once, token counts fit what
 each request has left, the step fits the token budget and sequence cap, and the KV pages it needs
-exist once the proposed preemptions free theirs. Only then does the scheduler change anything.
+exist once the proposed preemptions free theirs: this step's pages, and for each admission the
+pages of its *whole* prefill, as the batch builder's admission rule requires (an admission whose
+later chunks could not fit would only run by preempting others). Only then does the scheduler
+change anything.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from numpy.typing import NDArray
 
 from phasesched.errors import InvalidPlanError
 from phasesched.kv import PagedKVManager
+from phasesched.validators import is_int
 
 if TYPE_CHECKING:
     from phasesched.policies.budget import TokenBudget  # the policies package imports this module
@@ -44,11 +48,19 @@ def _int32(values: Sequence[int] | NDArray[np.integer]) -> Int32Array:
 
 
 def _ids(values: Sequence[str]) -> tuple[str, ...]:
-    return tuple(values)
+    ids = tuple(values)
+    if not all(isinstance(i, str) for i in ids):
+        msg = f"admitted must name requests by their str ids, got {ids!r}"
+        raise InvalidPlanError(msg)
+    return ids
 
 
 def _ints(values: Sequence[int]) -> tuple[int, ...]:
-    return tuple(values)
+    ints = tuple(values)
+    if not all(is_int(i) for i in ints):
+        msg = f"expected ints, got {ints!r}"
+        raise InvalidPlanError(msg)
+    return ints
 
 
 @attrs.frozen(eq=False)
@@ -134,7 +146,7 @@ def check_selection(  # noqa: PLR0913 -- the state a proposal is checked against
         _require(
             not np.count_nonzero(tokens > known - start), "a request is given more tokens than it has left to compute"
         )
-    admitted_pages = _check_admitted(selection, waiting, kv) if selection.admitted else 0
+    admitted_pages, whole_pages = _check_admitted(selection, waiting, kv) if selection.admitted else (0, 0)
     num_running = len(running) - len(selection.preempted) + len(selection.admitted)
     _require(
         num_running <= budget.max_num_seqs, f"{num_running} running sequences exceed max_num_seqs={budget.max_num_seqs}"
@@ -145,7 +157,7 @@ def check_selection(  # noqa: PLR0913 -- the state a proposal is checked against
         f"{total} tokens exceed max_num_batched_tokens={budget.max_num_batched_tokens}",
     )
     new_pages = kv.pages_to_grow(slots, start + tokens)
-    _check_pages(int(new_pages.sum()), admitted_pages, selection, kv)
+    _check_pages(int(new_pages.sum()), admitted_pages, whole_pages, selection, kv)
     return CheckedSelection(selection, start, known, new_pages)
 
 
@@ -168,10 +180,13 @@ def _check_slots(slots: Int32Array, preempted: tuple[int, ...], arrays: RunningA
     _require(np.count_nonzero(seen) == len(everyone), "a running request is scheduled or preempted twice")
 
 
-def _check_admitted(selection: Selection, waiting: WaitingQueue, kv: PagedKVManager) -> int:
-    """Check the admissions; return the KV pages they need (their precomputed tokens included)."""
+def _check_admitted(selection: Selection, waiting: WaitingQueue, kv: PagedKVManager) -> tuple[int, int]:
+    """Check the admissions; return the KV pages they take this step and those their whole prefills need.
+
+    Both count precomputed (transferred) tokens.
+    """
     _require(len(set(selection.admitted)) == len(selection.admitted), "a waiting request is admitted twice")
-    pages = 0
+    pages = whole = 0
     for request_id, num in zip(selection.admitted, selection.admitted_tokens, strict=True):
         seq = waiting.get(request_id)
         _require(seq is not None, f"admitted request {request_id!r} is not waiting")
@@ -182,17 +197,26 @@ def _check_admitted(selection: Selection, waiting: WaitingQueue, kv: PagedKVMana
             f"admitted request {request_id!r} given {num} tokens of {left}",
         )
         pages += kv.pages_for(seq.precomputed + int(num))
-    return pages
+        whole += kv.pages_for(seq.num_tokens)
+    return pages, whole
 
 
-def _check_pages(growth: int, admitted: int, selection: Selection, kv: PagedKVManager) -> None:
-    """Running requests may grow into every free page; admissions must leave the watermark free."""
+def _check_pages(growth: int, admitted: int, whole: int, selection: Selection, kv: PagedKVManager) -> None:
+    """Running requests may grow into every free page; admissions' whole prefills must fit beside the watermark.
+
+    Args:
+        growth: Pages the running requests take this step.
+        admitted: Pages the admissions take this step (their first chunks).
+        whole: Pages the admissions' whole prefills need.
+        selection: The proposal (its preemptions free pages).
+        kv: The KV manager.
+    """
     need, reserve = growth + admitted, kv.watermark_pages if admitted else 0
-    if need <= kv.num_free_pages and admitted + reserve <= kv.num_free_pages:
+    if need <= kv.num_free_pages and whole + reserve <= kv.num_free_pages:
         return
     available = kv.num_free_pages + kv.freed_by_freeing(np.asarray(selection.preempted, dtype=np.int32))
     _require(need <= available, f"the step needs {need} KV pages, {available} would be free")
     _require(
-        admitted + reserve <= available,
-        f"admissions need {admitted} KV pages of {available} free, but {reserve} are the watermark's",
+        whole + reserve <= available,
+        f"admitted prefills need {whole} KV pages in all, of {available} free, but {reserve} are the watermark's",
     )

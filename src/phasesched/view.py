@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from numpy.typing import NDArray
 
+from phasesched.errors import InvalidPlanError
 from phasesched.request import Request
 from phasesched.running import RunningArrays, read_only
 from phasesched.sequence import SequenceState
@@ -84,11 +85,16 @@ class SchedulerView:
         return len(self._waiting)
 
     def request(self, slot: int) -> Request:
-        """The request running in ``slot``."""
-        seq: SequenceState | None = self._arrays.seqs[slot]
+        """The request running in ``slot``.
+
+        Raises:
+            InvalidPlanError: ``slot`` holds no running request (a policy bug).
+        """
+        seqs = self._arrays.seqs
+        seq: SequenceState | None = seqs[slot] if 0 <= slot < len(seqs) else None
         if seq is None:
             msg = f"slot {slot} holds no running request"
-            raise KeyError(msg)
+            raise InvalidPlanError(msg)
         return seq.request
 
     def waiting(self) -> Iterator[WaitingCandidate]:

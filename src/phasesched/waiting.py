@@ -14,6 +14,7 @@ from typing import Any
 
 import attrs
 
+from phasesched.errors import InvalidPlanError
 from phasesched.request import Request
 from phasesched.sequence import SequenceState
 
@@ -58,14 +59,24 @@ class WaitingQueue:
         return request_id in self._entries
 
     def push(self, seq: SequenceState) -> None:
-        """Queue ``seq`` under its fixed key; ties go by the order requests were first queued."""
+        """Queue ``seq`` under its fixed key; ties go by the order requests were first queued.
+
+        Raises:
+            InvalidPlanError: Its key does not compare with the queued keys; nothing changed.
+        """
         if seq.arrival_order < 0:  # first time queued; a preempted request keeps its place among equals
             seq.arrival_order = next(self._arrivals)
         # The push count settles ties with a lazily deleted entry of the same request, so the
         # heap never compares the entries' payloads.
         entry = [seq.queue_key, (seq.arrival_order, next(self._pushes)), seq]
+        try:
+            heapq.heappush(self._heap, entry)
+        except Exception as error:  # a plugin's key that does not compare with the others': take it out again
+            self._heap = [e for e in self._heap if e is not entry]
+            heapq.heapify(self._heap)
+            msg = f"queue key {seq.queue_key!r} of {seq.request.request_id!r} does not compare with the others: {error}"
+            raise InvalidPlanError(msg) from error
         self._entries[seq.request.request_id] = entry
-        heapq.heappush(self._heap, entry)
 
     def remove(self, request_id: str) -> SequenceState:
         """Take a request out of the queue, wherever it stands."""

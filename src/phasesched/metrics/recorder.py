@@ -251,6 +251,10 @@ class MetricsRecorder:
                 ends, gaps = np.repeat(ends, counts), np.repeat(gaps, counts)
             self._gap_parts.append((np.broadcast_to(ends, gaps.shape).astype(np.float64), gaps.astype(np.float64)))
 
+    def is_live(self, request_id: str) -> bool:
+        """Whether ``request_id`` has arrived and not yet finished or failed."""
+        return request_id in self._live
+
     @property
     def num_live(self) -> int:
         """Requests arrived but not finished."""
@@ -357,6 +361,12 @@ class WorkerRecorder:
         self._last_token[slots] = last
         self._tokens[slots] += len(ends)
         return self._leave(finished, last)
+
+    def fail(self, request_id: str, error: str) -> None:
+        """The request failed on this worker (its steps kept failing): drop its timeline, count it as failed."""
+        if request_id in self._slot_of:
+            self._unload(request_id)
+        self.parent.fail(request_id, error)
 
     # ---------------------------------------------------------------- internals
     def _decode_tokens(self, slots: NDArray[np.int32], end: float) -> None:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import attrs
 
+from phasesched.validators import INT32_MAX, whole
+
 __all__ = ["TokenBudget"]
 
 
@@ -21,5 +23,5 @@ class TokenBudget:
 
     """
 
-    max_num_batched_tokens: int = attrs.field(default=8192, validator=attrs.validators.gt(0))
-    max_num_seqs: int = attrs.field(default=256, validator=attrs.validators.gt(0))
+    max_num_batched_tokens: int = attrs.field(default=8192, validator=whole(gt=0, le=INT32_MAX))
+    max_num_seqs: int = attrs.field(default=256, validator=whole(gt=0, le=INT32_MAX))

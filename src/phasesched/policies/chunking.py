@@ -16,6 +16,7 @@ from numpy.typing import NDArray
 
 from phasesched.costmodel.protocol import CostModel
 from phasesched.request import Request
+from phasesched.validators import number, whole
 
 __all__ = [
     "ChunkContext",
@@ -97,7 +98,7 @@ class NoChunking:
 class FixedChunk:
     """At most ``size`` tokens per slice (Sarathi-Serve's fixed chunk, SGLang's ``chunked_prefill_size``)."""
 
-    size: int = attrs.field(default=512, validator=attrs.validators.gt(0))
+    size: int = attrs.field(default=512, validator=whole(gt=0))
 
     def chunk(self, candidate: PrefillCandidate, context: ChunkContext) -> int:
         """``min(size, remaining, tokens_left)``."""
@@ -115,9 +116,9 @@ class LongPrefillThreshold:
     declares these knobs but its scheduler does not apply them; this sizer does.
     """
 
-    long_prefill_token_threshold: int = attrs.field(default=0, validator=attrs.validators.ge(0))
-    max_num_partial_prefills: int = attrs.field(default=1, validator=attrs.validators.gt(0))
-    max_long_partial_prefills: int = attrs.field(default=1, validator=attrs.validators.gt(0))
+    long_prefill_token_threshold: int = attrs.field(default=0, validator=whole(ge=0))
+    max_num_partial_prefills: int = attrs.field(default=1, validator=whole(gt=0))
+    max_long_partial_prefills: int = attrs.field(default=1, validator=whole(gt=0))
 
     def chunk(self, candidate: PrefillCandidate, context: ChunkContext) -> int:
         """Cap by threshold and budget; decline a new partial prefill beyond the caps."""
@@ -149,9 +150,9 @@ class SLOAdaptiveChunk:
     """
 
     cost_model: CostModel
-    tbt_target_s: float = attrs.field(validator=attrs.validators.gt(0.0))
-    granularity: int = attrs.field(default=16, validator=attrs.validators.gt(0))
-    min_chunk: int = attrs.field(default=16, validator=attrs.validators.gt(0))
+    tbt_target_s: float = attrs.field(validator=number(gt=0.0))
+    granularity: int = attrs.field(default=16, validator=whole(gt=0))
+    min_chunk: int = attrs.field(default=16, validator=whole(gt=0))
 
     def chunk(self, candidate: PrefillCandidate, context: ChunkContext) -> int:
         """Binary-search the largest chunk under the target (the cost model is monotone)."""

@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 import attrs
 
+from phasesched.errors import InvalidArgumentError
 from phasesched.policies.budget import TokenBudget
 from phasesched.policies.chunking import ChunkSizer, FixedChunk
 from phasesched.policies.preemption import PreemptionPolicy
@@ -11,6 +15,17 @@ from phasesched.policies.priority import DecodeFirst, PhasePriority
 from phasesched.policies.queue_order import FCFS, QueueOrder
 
 __all__ = ["SchedulingPolicy"]
+
+
+def _kind(kind: type) -> Callable[[object, attrs.Attribute[Any], object], None]:
+    """A validator: an instance of ``kind`` (for a Protocol: an object with its methods)."""
+
+    def check(_: object, attribute: attrs.Attribute[Any], value: object) -> None:
+        if not isinstance(value, kind):
+            msg = f"SchedulingPolicy.{attribute.name} must be a {kind.__name__}, got {value!r}"
+            raise InvalidArgumentError(msg)
+
+    return check
 
 
 @attrs.frozen
@@ -33,9 +48,9 @@ class SchedulingPolicy:
 
     """
 
-    name: str = "custom"
-    budget: TokenBudget = attrs.field(factory=TokenBudget)
-    chunker: ChunkSizer = attrs.field(factory=FixedChunk)
-    priority: PhasePriority = attrs.field(factory=DecodeFirst)
-    queue_order: QueueOrder = attrs.field(factory=FCFS)
-    preemption: PreemptionPolicy = attrs.field(factory=PreemptionPolicy)
+    name: str = attrs.field(default="custom", validator=_kind(str))
+    budget: TokenBudget = attrs.field(factory=TokenBudget, validator=_kind(TokenBudget))
+    chunker: ChunkSizer = attrs.field(factory=FixedChunk, validator=_kind(ChunkSizer))
+    priority: PhasePriority = attrs.field(factory=DecodeFirst, validator=_kind(PhasePriority))
+    queue_order: QueueOrder = attrs.field(factory=FCFS, validator=_kind(QueueOrder))
+    preemption: PreemptionPolicy = attrs.field(factory=PreemptionPolicy, validator=_kind(PreemptionPolicy))

@@ -7,11 +7,13 @@ again. Which running request to evict is a policy (:class:`VictimOrder`).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import attrs
 import numpy as np
 from numpy.typing import NDArray
+
+from phasesched.errors import InvalidArgumentError
 
 if TYPE_CHECKING:
     from phasesched.view import SchedulerView
@@ -77,6 +79,18 @@ class FewestGenerated:
         return slots[np.lexsort((-view.arrival_time[slots], view.num_generated[slots]))]
 
 
+def _victim_order(_: object, attribute: attrs.Attribute[Any], value: object) -> None:
+    if not isinstance(value, VictimOrder):
+        msg = f"PreemptionPolicy.{attribute.name} must be a VictimOrder (an object with order()), got {value!r}"
+        raise InvalidArgumentError(msg)
+
+
+def _boolean(_: object, attribute: attrs.Attribute[Any], value: object) -> None:
+    if not isinstance(value, (bool, np.bool_)):
+        msg = f"PreemptionPolicy.{attribute.name} must be a bool, got {value!r}"
+        raise InvalidArgumentError(msg)
+
+
 @attrs.frozen
 class PreemptionPolicy:
     """How the scheduler preempts.
@@ -89,5 +103,5 @@ class PreemptionPolicy:
 
     """
 
-    victims: VictimOrder = attrs.field(factory=LatestArrival)
-    preempt_for_waiting: bool = False
+    victims: VictimOrder = attrs.field(factory=LatestArrival, validator=_victim_order)
+    preempt_for_waiting: bool = attrs.field(default=False, validator=_boolean)

@@ -10,12 +10,14 @@ from __future__ import annotations
 import attrs
 
 from phasesched.costmodel.protocol import CostModel
+from phasesched.errors import InvalidArgumentError
 from phasesched.policies.budget import TokenBudget
 from phasesched.policies.chunking import FixedChunk, LongPrefillThreshold, NoChunking, SLOAdaptiveChunk
 from phasesched.policies.policy import SchedulingPolicy
 from phasesched.policies.preemption import LowestPriority, PreemptionPolicy
 from phasesched.policies.priority import DecodeFirst, EqualProgress, PrefillFirst
 from phasesched.policies.queue_order import PriorityOrder
+from phasesched.validators import INT32_MAX, number, optional, whole
 
 __all__ = [
     "PolicyOptions",
@@ -45,12 +47,12 @@ class PolicyOptions:
 
     """
 
-    max_model_len: int = attrs.field(default=32768, validator=attrs.validators.gt(0))
-    max_num_seqs: int | None = None
-    max_num_batched_tokens: int | None = None
-    chunk_size: int | None = None
+    max_model_len: int = attrs.field(default=32768, validator=whole(gt=0, le=INT32_MAX))
+    max_num_seqs: int | None = attrs.field(default=None, validator=optional(whole(gt=0)))
+    max_num_batched_tokens: int | None = attrs.field(default=None, validator=optional(whole(gt=0)))
+    chunk_size: int | None = attrs.field(default=None, validator=optional(whole(gt=0)))
     cost_model: CostModel | None = None
-    tbt_target_s: float | None = None
+    tbt_target_s: float | None = attrs.field(default=None, validator=optional(number(gt=0.0)))
 
     def budget(self, tokens: int, seqs: int = 256) -> TokenBudget:
         """A budget with the preset's defaults, overridden where the options say so."""
@@ -104,7 +106,7 @@ def sarathi_slo(options: PolicyOptions) -> SchedulingPolicy:
     """
     if options.cost_model is None:
         msg = "the sarathi-slo policy needs a cost model (PolicyOptions.cost_model)"
-        raise ValueError(msg)
+        raise InvalidArgumentError(msg)
     chunker = SLOAdaptiveChunk(options.cost_model, options.tbt_target_s or 0.05)
     return SchedulingPolicy(name="sarathi-slo", budget=options.budget(8192), chunker=chunker, priority=DecodeFirst())
 

@@ -8,19 +8,20 @@ decode for the length of the prefill step.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, ClassVar, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 import attrs
 import numpy as np
 
 from phasesched.policies.builder import AddResult, BatchBuilder
+from phasesched.validators import whole
 
 if TYPE_CHECKING:
     from phasesched.selection import Selection
     from phasesched.view import SchedulerView
     from phasesched.waiting import WaitingCandidate
 
-__all__ = ["DecodeFirst", "EqualProgress", "PhasePriority", "PrefillFirst"]
+__all__ = ["EVERY_DECODE_PRIORITIES", "DecodeFirst", "EqualProgress", "PhasePriority", "PrefillFirst"]
 
 _STOP = (AddResult.NO_TOKENS, AddResult.NO_SEQS, AddResult.NO_PAGES)
 
@@ -53,19 +54,8 @@ def _admit_waiting(view: SchedulerView, builder: BatchBuilder, max_declined: int
                 return
 
 
-class _SchedulesEveryDecode:
-    """Marks a built-in priority whose steps, with nothing waiting, schedule every running decode."""
-
-    schedules_every_decode: ClassVar[bool] = True
-    """When nothing waits and every running request decodes, each step schedules them all.
-
-    Simulators may then advance many such steps at once (``Scheduler.decode_run``). A plugin
-    policy opts in by declaring the same class attribute.
-    """
-
-
 @attrs.frozen
-class DecodeFirst(_SchedulesEveryDecode):
+class DecodeFirst:
     """Stall-free batching: running decodes, then ongoing prefill chunks, then new prompts.
 
     This is vLLM V1's and Sarathi-Serve's order. ``max_declined`` bounds how many waiting
@@ -73,7 +63,7 @@ class DecodeFirst(_SchedulesEveryDecode):
     the step stops looking further down the queue.
     """
 
-    max_declined: int = attrs.field(default=8, validator=attrs.validators.ge(0))
+    max_declined: int = attrs.field(default=8, validator=whole(ge=0))
 
     def select(self, view: SchedulerView, builder: BatchBuilder) -> Selection:
         """Decodes, then chunks, then admissions."""
@@ -85,7 +75,7 @@ class DecodeFirst(_SchedulesEveryDecode):
 
 
 @attrs.frozen
-class PrefillFirst(_SchedulesEveryDecode):
+class PrefillFirst:
     """Prompts before decodes, as SGLang's default and vLLM V0 did.
 
     Ongoing and new prefills are scheduled first; when any prefill runs, decodes wait for the
@@ -93,7 +83,7 @@ class PrefillFirst(_SchedulesEveryDecode):
     """
 
     mix_decodes: bool = False
-    max_declined: int = attrs.field(default=8, validator=attrs.validators.ge(0))
+    max_declined: int = attrs.field(default=8, validator=whole(ge=0))
 
     def select(self, view: SchedulerView, builder: BatchBuilder) -> Selection:
         """Prefills, then decodes only if there were none (or mixing is on)."""
@@ -106,7 +96,7 @@ class PrefillFirst(_SchedulesEveryDecode):
 
 
 @attrs.frozen
-class EqualProgress(_SchedulesEveryDecode):
+class EqualProgress:
     """TensorRT-LLM's equal-progress chunking: prompts share the budget left after decodes.
 
     After every decode is scheduled, the remaining token budget is dealt out in rounds of
@@ -114,8 +104,8 @@ class EqualProgress(_SchedulesEveryDecode):
     prompts advance together instead of one finishing first. The chunk sizer is not consulted.
     """
 
-    unit: int = attrs.field(default=64, validator=attrs.validators.gt(0))
-    max_prompts: int = attrs.field(default=16, validator=attrs.validators.gt(0))
+    unit: int = attrs.field(default=64, validator=whole(gt=0))
+    max_prompts: int = attrs.field(default=16, validator=whole(gt=0))
 
     def select(self, view: SchedulerView, builder: BatchBuilder) -> Selection:
         """Decodes, then equal shares of the rest."""
@@ -155,3 +145,14 @@ class EqualProgress(_SchedulesEveryDecode):
             if not dealt:
                 break
         return shares
+
+
+EVERY_DECODE_PRIORITIES: frozenset[type] = frozenset({DecodeFirst, PrefillFirst, EqualProgress})
+"""The phase priorities whose steps, when nothing waits and every running request decodes
+within the budget and KV, schedule every running decode.
+
+The scheduler builds such steps itself, without asking the policy (its steady-decode fast path),
+only for these exact classes: their promise is held to the policy's own answer by a property
+test (``tests/test_steady_fast_path.py``). Any other priority, a plugin or a subclass of one of
+these, is asked every step: a promise the scheduler cannot check is not one it trusts.
+"""

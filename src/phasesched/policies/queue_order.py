@@ -14,6 +14,7 @@ from typing import Any, Protocol, runtime_checkable
 import attrs
 
 from phasesched.request import Request
+from phasesched.validators import number
 
 __all__ = ["FCFS", "PriorityOrder", "QueueOrder", "ShortestRemainingPrefill"]
 
@@ -43,7 +44,7 @@ class PriorityOrder:
     With ``aging_per_s = 0`` this is vLLM's priority policy: priority, then arrival.
     """
 
-    aging_per_s: float = attrs.field(default=0.0, validator=attrs.validators.ge(0.0))
+    aging_per_s: float = attrs.field(default=0.0, validator=number(ge=0.0))
 
     def key(self, request: Request) -> tuple[float, float]:
         """Aged priority, then arrival."""
@@ -59,7 +60,7 @@ class ShortestRemainingPrefill:
     seconds longer.
     """
 
-    aging_tokens_per_s: float = attrs.field(default=256.0, validator=attrs.validators.gt(0.0))
+    aging_tokens_per_s: float = attrs.field(default=256.0, validator=number(gt=0.0))
 
     def key(self, request: Request) -> tuple[float, float]:
         """Aged prompt length, then arrival."""
