@@ -667,8 +667,13 @@ class Scheduler:
         if not np.count_nonzero(num_pages):  # most decode steps cross no page boundary
             return
         counts = self.kv.page_counts[slots]  # a copy (fancy indexing), for the undo
-        self.kv.extend_many(slots, num_pages)
-        journal.record(lambda: self.kv.retract(slots, counts))
+        evicted = self.kv.extend_many(slots, num_pages)
+
+        def undo() -> None:
+            self.kv.retract(slots, counts)
+            self.kv.unevict(evicted)
+
+        journal.record(undo)
 
     def _preempt(self, victims: tuple[int, ...], journal: Journal) -> list[str]:
         if not victims:
