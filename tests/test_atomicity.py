@@ -109,6 +109,8 @@ INTERNAL_PARTS: dict[str, Callable[[Scheduler], tuple[object, str]]] = {
     "kv.open": lambda s: (s.kv, "open"),
     "kv.free_many": lambda s: (s.kv, "free_many"),
     "kv.gather": lambda s: (s.kv, "gather"),
+    "kv.claim": lambda s: (s.kv, "claim"),
+    "kv.register": lambda s: (s.kv, "register"),
     "arrays.load": lambda s: (s._arrays, "load"),
     "arrays.unload": lambda s: (s._arrays, "unload"),
     "tokens.write": lambda s: (s._arrays.tokens, "write"),
@@ -141,6 +143,8 @@ def state_of(scheduler: Scheduler) -> tuple[object, ...]:
         scheduler.kv.num_free_pages,
         scheduler.kv.page_counts.tolist(),
         scheduler.kv.refcounts.tolist(),
+        scheduler.kv.num_cached_pages,
+        scheduler.kv.cache_stats,
         scheduler.plan_in_flight,
         scheduler.pending_releases,
     )

@@ -8,8 +8,9 @@ Python loop over requests. Queries (``can_allocate``) never change state; commit
 changed nothing. Pages carry reference counts so tables can share a prefix; a page returns to the
 free pool only when its last reference goes.
 
-With ``enable_prefix_caching``, full pages get content hashes as they fill (:meth:`register`), a
-new table may start by claiming the cached pages of its prefix (:meth:`claim`), and a hashed page
+With ``enable_prefix_caching``, full pages get content hashes as they fill
+(:meth:`PagedKVManager.register`), a new table may start by claiming the cached pages of its
+prefix (:meth:`PagedKVManager.claim`), and a hashed page
 whose last reference goes stays cached, idle, until a fresh page is wanted and the plain free pool
 is empty (see :mod:`phasesched.prefix_cache`). Idle pages count as free. Pages are conserved:
 ``plain free + referenced + idle cached = num_pages``.
@@ -131,12 +132,12 @@ class PagedKVManager:
     # ---------------------------------------------------------------- queries
     @property
     def num_free_pages(self) -> int:
-        """Pages that can be handed out: the free pool plus idle cached pages (evicted on demand)."""
+        """Pages that can be handed out (the free pool plus idle cached pages, evicted on demand)."""
         return self._num_free + (self._cache.num_idle if self._cache is not None else 0)
 
     @property
     def num_cached_pages(self) -> int:
-        """Idle cached pages: no table references them, and a later :meth:`claim` may reuse them."""
+        """Idle cached pages (no table references them; a later :meth:`claim` may reuse them)."""
         return self._cache.num_idle if self._cache is not None else 0
 
     @property
@@ -437,14 +438,20 @@ class PagedKVManager:
         due: Int32Array = np.maximum(num_computed // self.page_size - self._hashed[slots], 0).astype(np.int32)
         return due
 
-    def register(self, slot: int, hashes: list[int]) -> Registration:
-        """Offer table ``slot``'s next full pages to the cache under ``hashes`` (one per page, in order)."""
+    def register(self, slot: int, hashes: list[int], num_pages: int | None = None) -> Registration:
+        """Offer table ``slot``'s next ``num_pages`` full pages to the cache (all of ``hashes`` by default).
+
+        The first ``len(hashes)`` of them are named by ``hashes``, in order; the rest have no
+        known content (a length-only request's generated tokens) and stay unnamed.
+        """
         assert self._cache is not None
         first = int(self._hashed[slot])
+        offered = len(hashes) if num_pages is None else num_pages
+        hashes = hashes[:offered]
         pages = self._table[slot, first : first + len(hashes)].tolist()
         registered = self._cache.register(pages, hashes)
-        self._hashed[slot] = first + len(hashes)
-        return Registration(slot, len(hashes), registered)
+        self._hashed[slot] = first + offered
+        return Registration(slot, offered, registered)
 
     def unregister(self, registration: Registration) -> None:
         """Undo :meth:`register`."""
