@@ -24,7 +24,7 @@ from numpy.typing import NDArray
 
 from phasesched.errors import InvalidArgumentError, OutOfPagesError, UnknownTableError
 from phasesched.prefix_cache import CacheStats, Evicted, PrefixCache
-from phasesched.validators import is_int
+from phasesched.validators import INT32_MAX, is_int
 
 __all__ = ["Claim", "FreedTables", "PagedKVManager", "Registration"]
 
@@ -125,6 +125,7 @@ class PagedKVManager:
         self._free_slots: list[int] = list(range(7, -1, -1))
         self._count_view = _read_only(self._count)
         self._hashed = np.zeros(8, dtype=np.int32)  # leading pages of each table offered to the cache
+        self._nameable = np.full(8, INT32_MAX, dtype=np.int32)  # pages of each table whose content is known
         self._cache = PrefixCache() if enable_prefix_caching else None
         # Without a cache no page is ever shared, so freeing needs no reference counting.
         self._shared = enable_prefix_caching
@@ -432,11 +433,20 @@ class PagedKVManager:
         self._cache.count_lookup(-claim.queried, -len(pages))
 
     def pages_to_hash(self, slots: Int32Array, num_computed: Int32Array) -> Int32Array:
-        """int32 ``[K]``: full pages of each table not yet offered to the cache (all 0 when caching is off)."""
+        """int32 ``[K]``: full pages of each table not yet offered to the cache (all 0 when caching is off).
+
+        Only pages below the table's :meth:`limit_naming` count, so a request whose content is
+        unknown past its prompt costs nothing per step.
+        """
         if self._cache is None:
             return np.zeros(len(slots), dtype=np.int32)
-        due: Int32Array = np.maximum(num_computed // self.page_size - self._hashed[slots], 0).astype(np.int32)
+        full = np.minimum(num_computed // self.page_size, self._nameable[slots])
+        due: Int32Array = np.maximum(full - self._hashed[slots], 0).astype(np.int32)
         return due
+
+    def limit_naming(self, slot: int, num_pages: int) -> None:
+        """Only table ``slot``'s first ``num_pages`` pages can ever be named (its content is unknown past them)."""
+        self._nameable[slot] = min(num_pages, INT32_MAX)
 
     def register(self, slot: int, hashes: list[int], num_pages: int | None = None) -> Registration:
         """Offer table ``slot``'s next ``num_pages`` full pages to the cache (all of ``hashes`` by default).
@@ -506,6 +516,7 @@ class PagedKVManager:
         self._count = np.concatenate([self._count, np.zeros(old, dtype=np.int32)])
         self._count_view = _read_only(self._count)
         self._hashed = np.concatenate([self._hashed, np.zeros(old, dtype=np.int32)])
+        self._nameable = np.concatenate([self._nameable, np.full(old, INT32_MAX, dtype=np.int32)])
         self._open = np.concatenate([self._open, np.zeros(old, dtype=bool)])
         self._free_slots.extend(range(2 * old - 1, old - 1, -1))
 

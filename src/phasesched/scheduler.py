@@ -37,6 +37,7 @@ from phasesched.policies.builder import BatchBuilder, checked_chunk
 from phasesched.policies.chunking import ChunkContext, PrefillCandidate
 from phasesched.policies.policy import SchedulingPolicy
 from phasesched.policies.priority import EVERY_DECODE_PRIORITIES
+from phasesched.policies.queue_order import CacheAwareOrder
 from phasesched.prefix import block_page_hashes, extend_page_hashes
 from phasesched.request import FinishReason, Request, RequestStatus
 from phasesched.running import RunningArrays
@@ -170,6 +171,8 @@ class Scheduler:
         # Steady all-decode steps are built without asking the policy, for the built-in phase
         # priorities that are known (and property-tested) to schedule every decode then.
         self._steady_fast_path = type(self.policy.priority) in EVERY_DECODE_PRIORITIES
+        order = self.policy.queue_order
+        self._rerank = order if isinstance(order, CacheAwareOrder) else None  # checked once: a Protocol check is slow
 
     # ------------------------------------------------------------------ requests
     def add_request(self, request: Request, *, precomputed_tokens: int = 0) -> None:
@@ -316,7 +319,7 @@ class Scheduler:
             running=self._running,
             waiting=self._waiting,
             max_model_len=self.config.max_model_len,
-            queue_order=self.policy.queue_order,
+            rerank=self._rerank,
         )
         builder = BatchBuilder(view, self.policy.chunker, self.policy.preemption)
         selection: object = self.policy.priority.select(view, builder)  # a plugin may return anything
@@ -733,8 +736,10 @@ class Scheduler:
             slot = self.kv.open()
             journal.record(functools.partial(self.kv.close_empty, slot))
             self._arrays.load(slot, seq, self.config.max_model_len)
-            if self.kv.prefix_caching and not seq.precomputed:
-                self._claim(slot, seq, cached_pages[i], journal)
+            if self.kv.prefix_caching:
+                self.kv.limit_naming(slot, INT32_MAX if seq.outputs is not None else len(seq.page_hashes))
+                if not seq.precomputed:
+                    self._claim(slot, seq, cached_pages[i], journal)
             seq.slot, seq.status = slot, RequestStatus.RUNNING
             journal.record(functools.partial(self._arrays.unload, np.array([slot], np.int32)))
             slots[i] = slot

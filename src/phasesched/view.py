@@ -9,7 +9,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from phasesched.errors import InvalidPlanError
-from phasesched.policies.queue_order import CacheAwareOrder, QueueOrder
+from phasesched.policies.queue_order import CacheAwareOrder
 from phasesched.request import Request
 from phasesched.running import RunningArrays, read_only
 from phasesched.sequence import SequenceState
@@ -34,7 +34,7 @@ class SchedulerView:
         now: The engine's clock at this ``schedule()`` call.
         budget: The step's token and sequence caps.
         page_size: Tokens per KV page.
-        free_pages: Free KV pages.
+        free_pages: Free KV pages (idle cached pages included: they are evicted on demand).
         watermark_pages: Pages admissions must leave free.
         max_model_len: The longest sequence (prompt plus generated) the model accepts.
         running: int32 ``[R]``: slots of running requests, in admission order.
@@ -57,7 +57,7 @@ class SchedulerView:
         running: Int32Array,
         waiting: WaitingQueue,
         max_model_len: int,
-        queue_order: QueueOrder | None = None,
+        rerank: CacheAwareOrder | None = None,
     ) -> None:
         self.now = now
         self.budget = budget
@@ -75,7 +75,7 @@ class SchedulerView:
         self._kv = kv
         self._arrays = arrays
         self._waiting = waiting
-        self._queue_order = queue_order
+        self._rerank = rerank
 
     @property
     def num_generated(self) -> Int32Array:
@@ -106,8 +106,8 @@ class SchedulerView:
             WaitingCandidate(seq.request, seq.num_tokens, seq.num_preemptions, self._computed_at_admission(seq))
             for seq in self._waiting.ordered()
         )
-        order = self._queue_order
-        if isinstance(order, CacheAwareOrder) and len(self._waiting) <= order.max_queue_depth:
+        order = self._rerank
+        if order is not None and len(self._waiting) <= order.max_queue_depth:
             return iter(sorted(candidates, key=order.rank))  # stable: ties keep the queue's order
         return candidates
 
