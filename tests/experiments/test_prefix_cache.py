@@ -14,7 +14,8 @@ def test_cache_on_saves_prefill_and_off_saves_none() -> None:
     result = run_experiment("prefix-cache", ExperimentContext(), SuiteOptions(quick=True))
     on = [r for r in result.rows if r["cache"] == "on"]
     off = [r for r in result.rows if r["cache"] == "off"]
-    assert on and off
+    assert on
+    assert off
     assert all(r["hit_rate"] > 0.3 and r["prefill_saved_tokens"] > 0 for r in on)
     assert all(r["hit_rate"] == 0 and r["prefill_saved_tokens"] == 0 for r in off)
     assert min(r["median_ttft_ms"] for r in on) < min(r["median_ttft_ms"] for r in off)
