@@ -30,14 +30,18 @@ ROOT_HASH = 0
 """The parent hash of a sequence's first page."""
 
 
-def extend_page_hashes(hashes: list[int], tokens: Sequence[int], page_size: int, num_pages: int) -> None:
+def extend_page_hashes(
+    hashes: list[int], tokens: Sequence[int], page_size: int, num_pages: int, *, offset: int = 0
+) -> None:
     """Append to ``hashes`` (a sequence's page hashes so far) until it names ``num_pages`` full pages.
 
-    ``tokens`` must hold at least ``num_pages * page_size`` tokens.
+    ``tokens[i]`` is the sequence's token ``offset + i``; they must cover the pages to hash, from
+    token ``len(hashes) * page_size`` (``offset`` at most that) to ``num_pages * page_size``.
     """
     parent = hashes[-1] if hashes else ROOT_HASH
     for page in range(len(hashes), num_pages):
-        parent = hash((parent, tuple(tokens[page * page_size : (page + 1) * page_size])))
+        first = page * page_size - offset
+        parent = hash((parent, tuple(tokens[first : first + page_size])))
         hashes.append(parent)
 
 

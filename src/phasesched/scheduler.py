@@ -763,9 +763,9 @@ class Scheduler:
             full = int(computed[i]) // self.kv.page_size
             known = len(seq.page_hashes)
             if known < full and self._arrays.has_ids[slot]:  # generated tokens: hash as their pages fill
-                extend_page_hashes(
-                    seq.page_hashes, self._arrays.tokens.row(slot, 0, full * self.kv.page_size), self.kv.page_size, full
-                )
+                size = self.kv.page_size
+                tokens = self._arrays.tokens.row(slot, known * size, full * size)  # only the new pages' tokens
+                extend_page_hashes(seq.page_hashes, tokens, size, full, offset=known * size)
                 journal.record(functools.partial(self._truncate_hashes, seq, known))
             registration = self.kv.register(slot, seq.page_hashes[full - int(due[i]) : full], int(due[i]))
             journal.record(functools.partial(self.kv.unregister, registration))
