@@ -141,6 +141,10 @@ class PagedKVManager:
         """Idle cached pages (no table references them; a later :meth:`claim` may reuse them)."""
         return self._cache.num_idle if self._cache is not None else 0
 
+    def idle_cached_pages(self) -> list[int]:
+        """Idle cached pages, least recently released (first to be evicted) first."""
+        return self._cache.idle_pages() if self._cache is not None else []
+
     @property
     def prefix_caching(self) -> bool:
         """Whether prefix caching is on."""
