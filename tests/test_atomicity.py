@@ -250,10 +250,9 @@ class TestAtomicity:
         fault = Fault(0)
         with installed(scheduler, part, fault):
             before = state_of(scheduler)
-            try:
+            plan: StepPlan | None = None
+            with contextlib.suppress(InjectedFaultError):
                 plan = scheduler.schedule()
-            except InjectedFaultError:
-                plan = None
             if plan is not None:  # the fault is in update(): compare with the state it started from
                 before = state_of(scheduler)
                 with contextlib.suppress(InjectedFaultError):
