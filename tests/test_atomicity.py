@@ -243,8 +243,8 @@ class TestAtomicity:
         for index, length in enumerate((24, 11, 30)):  # three prompts sharing their first pages
             scheduler.add_request(request_of(index, (length, 2, 0)))
             while scheduler.num_unfinished:
-                plan = scheduler.schedule()
-                scheduler.update(plan, executor.execute(plan))
+                warm = scheduler.schedule()
+                scheduler.update(warm, executor.execute(warm))
         assert len(scheduler.kv.idle_cached_pages()) > 6
         scheduler.add_request(request_of(9, (28, 2, 0)))
         fault = Fault(0)
