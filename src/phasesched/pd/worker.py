@@ -158,9 +158,9 @@ class WorkerReport:
         rank: Its rank.
         role: ``prefill`` or ``decode``.
         steps: Non-empty steps it ran.
-        unfinished: Requests its scheduler still held.
-        held: KV holds still open when it shut down (released then; a leak if not zero).
-        used_pages: Pages in use at shutdown, before it released anything.
+        unfinished: Requests its scheduler still held at shutdown (aborted then; none on a live worker).
+        held: KV holds still open at shutdown (released then; none on a live worker).
+        leaked_pages: Pages still in use after that: a leak if not zero.
         invariant_error: The scheduler's invariant check's message, if it failed.
         transfers: Pulls it completed (decode workers).
 
@@ -171,7 +171,7 @@ class WorkerReport:
     steps: int
     unfinished: int
     held: int
-    used_pages: int
+    leaked_pages: int
     invariant_error: str | None
     transfers: tuple[TransferRecord, ...] = ()
 
@@ -261,19 +261,21 @@ class _Worker:
         """Per role: what happens after a step's update."""
 
     def report(self) -> WorkerReport:
-        """Check the end state, release what is left, and say what was found."""
-        used = self.scheduler.kv.num_used_pages
-        held = len(self.scheduler.held_request_ids)
-        for request_id in self.scheduler.held_request_ids:
-            self.scheduler.release_kv(request_id)
+        """Say what was left at shutdown, abort and release it, and check that no page leaked."""
+        scheduler = self.scheduler
+        unfinished, held = scheduler.num_unfinished, len(scheduler.held_request_ids)
+        if scheduler.plan_in_flight is None:
+            for request_id in [*scheduler.running_request_ids(), *scheduler.waiting_request_ids()]:
+                scheduler.abort(request_id)
+        for request_id in scheduler.held_request_ids:
+            scheduler.release_kv(request_id)
         error = None
         try:
-            self.scheduler.check_invariants()
+            scheduler.check_invariants()
         except AssertionError as exc:
             error = str(exc) or "invariant failed"
-        return WorkerReport(
-            self.rank, self.role, self.steps, self.scheduler.num_unfinished, held, used, error, self.transfers()
-        )
+        leaked = scheduler.kv.num_used_pages
+        return WorkerReport(self.rank, self.role, self.steps, unfinished, held, leaked, error, self.transfers())
 
     def transfers(self) -> tuple[TransferRecord, ...]:
         """Pulls completed (decode workers)."""

@@ -357,6 +357,8 @@ def run_rank(config: PDRunConfig, rank: int, addr: str, port: int, output: str |
             for dst, message in outbox:
                 mailbox.send(dst, message)
         worker.handle_all(messages)
+        if worker.shutdown:
+            break
         worker.poll()
         stepped = worker.step()
         if time.monotonic() - last_status > 0.02:
