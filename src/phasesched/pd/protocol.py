@@ -13,9 +13,10 @@ The protocol (one request, one attempt)::
 
 D waits for ``Sending`` in its mailbox, with its own timeout, before it posts the receive, so
 a receive is only ever posted for bytes already on their way (gloo closes the connection to a
-peer when a receive times out). A failed pull (timeout, checksum) sends ``Nack`` to P and ``TransferFailed`` to the router,
-which re-prefills the request or fails it with the reason. Every message names the request's
-attempt: a late message of an earlier attempt is recognised and only ever releases pages.
+peer when a receive times out). A failed pull (timeout, checksum) sends ``Nack`` to P and
+``TransferFailed`` to the router, which re-prefills the request or fails it with the reason.
+Every message names the request's attempt: a late message of an earlier attempt is
+recognised and only ever releases pages.
 
 Messages travel through a :class:`Mailbox`: per receiving rank, an ordered queue of keys in a
 key-value store that every process reaches (``torch.distributed.TCPStore`` in the runtime; any
@@ -207,7 +208,19 @@ class Shutdown:
 
 
 Message = (
-    Prefill | Decode | Pull | Sending | Ack | Nack | Release | Pulled | TransferFailed | Failed | Finished | Shutdown | Manifest
+    Prefill
+    | Decode
+    | Pull
+    | Sending
+    | Ack
+    | Nack
+    | Release
+    | Pulled
+    | TransferFailed
+    | Failed
+    | Finished
+    | Shutdown
+    | Manifest
 )
 
 
@@ -267,7 +280,7 @@ class Mailbox:
         self._store.set(f"pd/mb/{rank}/{number}", pickle.dumps(message))
 
     def receive(self, limit: int = 64) -> list[Message]:
-        """This rank's next messages, in order, without waiting (at most ``limit``)."""
+        """The next messages to this rank, in order, without waiting (at most ``limit``)."""
         messages: list[Message] = []
         while len(messages) < limit:
             key = f"pd/mb/{self._rank}/{self._head + 1}"

@@ -22,7 +22,7 @@ from __future__ import annotations
 import os
 import signal
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any, Protocol
 
 import attrs
@@ -115,6 +115,14 @@ class PageTransport(Protocol):
         """Check a completed receive's checksum and write it into ``pages``; raises :class:`TransferError`."""
 
 
+def _nothing() -> None:
+    pass
+
+
+def _ids(values: Iterable[str]) -> frozenset[str]:
+    return frozenset(values)
+
+
 @attrs.frozen
 class Faults:
     """Faults a run injects on purpose (tests and drills). Request ids name the first attempt only.
@@ -130,8 +138,8 @@ class Faults:
 
     """
 
-    drop_transfer: frozenset[str] = attrs.field(default=frozenset(), converter=frozenset)
-    corrupt_transfer: frozenset[str] = attrs.field(default=frozenset(), converter=frozenset)
+    drop_transfer: frozenset[str] = attrs.field(default=frozenset(), converter=_ids)
+    corrupt_transfer: frozenset[str] = attrs.field(default=frozenset(), converter=_ids)
     kill_rank: int = -1
     kill_after_steps: int = 0
     stall_rank: int = -1
@@ -215,9 +223,11 @@ class _Worker:
         self.steps = 0
         self.status_seq = 0
         self.shutdown = False
+        self.heartbeat: Callable[[], None] = _nothing
+        """Publishes the status; the runtime sets it, and long waits call it so the worker stays alive."""
 
     def status(self) -> WorkerStatus:
-        """This worker's heartbeat: bump the sequence, report the KV room."""
+        """The heartbeat of this worker: bump the sequence, report the KV room."""
         self.status_seq += 1
         kv = self.scheduler.kv
         return WorkerStatus(self.status_seq, kv.num_free_pages, kv.watermark_pages, kv.page_size)
@@ -303,7 +313,7 @@ class PrefillWorker(_Worker):
 
     role = "prefill"
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:  # noqa: ANN401 -- the base's signature
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.ack_timeout_s = 2 * self.transfer_timeout_s  # the decode side gives up first
         self.holds: dict[str, _Hold] = {}
@@ -411,7 +421,6 @@ class PrefillWorker(_Worker):
             self.mailbox.send(self.router_rank, manifest)
 
 
-
 class DecodeWorker(_Worker):
     """Admits transferred requests, pulls their KV and decodes them. See the module docstring.
 
@@ -420,7 +429,7 @@ class DecodeWorker(_Worker):
 
     role = "decode"
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:  # noqa: ANN401 -- the base's signature
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.pull_timeout_s = self.transfer_timeout_s
         self._pending: dict[str, Manifest] = {}
@@ -498,6 +507,7 @@ class DecodeWorker(_Worker):
                 if message == expected:
                     return
                 self._later.append(message)
+            self.heartbeat()
             time.sleep(0.001)
         msg = f"no answer from the prefill worker within {self.pull_timeout_s} s"
         raise TransferError(msg)

@@ -13,9 +13,9 @@ import pytest
 
 pytest.importorskip("torch")
 
-from phasesched.pd import Faults  # noqa: E402
-from phasesched_torch.pd import PDRunConfig, PDRunResult, RequestSpec, launch  # noqa: E402
-from phasesched_torch._pd import run_aggregated  # noqa: E402
+from phasesched.pd import Faults
+from phasesched_torch._pd import run_aggregated
+from phasesched_torch.pd import PDRunConfig, PDRunResult, RequestSpec, launch
 
 PROMPTS = (5, 17, 33, 48, 9, 26)
 
@@ -26,7 +26,7 @@ def _config(**overrides: Any) -> PDRunConfig:
         "chunk_size": 8,
         "decode_pages": 24,
         "transfer_timeout_s": 1.5,
-        "peer_timeout_s": 2.0,
+        "peer_timeout_s": 4.0,  # well above a pull's timeout: a loaded CI machine starves processes
         "run_timeout_s": 40.0,
     }
     base.update(overrides)
@@ -47,7 +47,7 @@ def _check_nothing_lost(
         assert report["leaked_pages"] == 0, (rank, report)
         if rank not in silent:  # a worker declared dead may be left with work it was given
             assert (report["unfinished"], report["held"]) == (0, 0), (rank, report)
-    assert result.dead == tuple(sorted(killed + silent))
+    assert set(killed) <= set(result.dead) <= set(killed + silent)  # a silent one may wake before it is declared dead
     for rank, code in result.exit_codes.items():
         assert code == (-9 if rank in killed else 0), result.exit_codes
 
@@ -55,7 +55,8 @@ def _check_nothing_lost(
 class TestDisaggregatedRun:
     def test_tokens_match_the_aggregated_run(self) -> None:
         """1P:1D with chunked prefill and decode-side preemption gives the aggregated run's greedy tokens."""
-        config = _config()
+        specs = tuple(RequestSpec(p, 16) for p in PROMPTS)  # all at once: the decode side must preempt
+        config = _config(requests=specs, decode_pages=20)
         result = launch(config)
         _check_nothing_lost(result, config)
         assert sum(r["num_preemptions"] for r in result.requests.values()) > 0  # decode-side preemption
@@ -67,7 +68,7 @@ class TestDisaggregatedRun:
 
 class TestFaults:
     def test_killed_decode_worker(self) -> None:
-        """1P:2D: a decode worker killed mid-run loses nothing; its requests are re-prefilled and served by the other."""
+        """1P:2D: a decode worker killed mid-run loses nothing; its requests are re-prefilled and served elsewhere."""
         config = _config(num_decode=2, faults=Faults(kill_rank=1, kill_after_steps=6))
         result = launch(config)
         _check_nothing_lost(result, config, killed=(1,))
@@ -79,12 +80,18 @@ class TestFaults:
         result = launch(config)
         _check_nothing_lost(result, config)
         r1, r3 = result.requests["r1"], result.requests["r3"]
-        assert r1["attempt"] == 1 and "no answer" in r1["errors"][0]
-        assert r3["attempt"] == 1 and "checksum" in r3["errors"][0]
+        assert r1["attempt"] == 1
+        assert "no answer" in r1["errors"][0]
+        assert r3["attempt"] == 1
+        assert "checksum" in r3["errors"][0]
         assert all(r["attempt"] == 0 for k, r in result.requests.items() if k not in ("r1", "r3"))
 
     def test_silent_prefill_worker(self) -> None:
         """2P:1D: a prefill worker that stops answering is declared dead; its requests are served by the other."""
-        config = _config(num_prefill=2, faults=Faults(stall_rank=1, stall_after_steps=1, stall_s=5.0))
+        stall = Faults(stall_rank=1, stall_after_steps=1, stall_s=6.0)
+        specs = tuple(RequestSpec(p, 10) for p in PROMPTS)  # all at once: both prefill workers get some
+        config = _config(num_prefill=2, requests=specs, faults=stall, max_attempts=5)
         result = launch(config)
         _check_nothing_lost(result, config, silent=(1,))  # it wakes, hears the shutdown and reports
+        errors = " ".join(e for r in result.requests.values() for e in r["errors"])
+        assert "prefill worker 1" in errors

@@ -13,7 +13,7 @@ Run it with ``python -m phasesched_torch.pd`` (which starts the ranks itself) or
 from __future__ import annotations
 
 import contextlib
-import datetime
+import datetime as dt
 import hashlib
 import json
 import os
@@ -32,6 +32,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 from numpy.typing import NDArray
+from torch._C._distributed_c10d import PrefixStore, TCPStore
 
 from phasesched import Request, Scheduler, SchedulerConfig, SchedulingPolicy
 from phasesched.pd import DecodeWorker, Faults, Mailbox, PrefillWorker, Router, TransferError, WorkerStatus
@@ -59,7 +60,7 @@ _ROUTER_MESSAGES = (Manifest, Pulled, TransferFailed, Failed, Finished)
 def checksum(tensor: torch.Tensor) -> str:
     """BLAKE2b hex digest of a tensor's bytes (copied to the host first)."""
     data = tensor.detach().contiguous().reshape(-1).view(torch.uint8).cpu().numpy()
-    return hashlib.blake2b(data, digest_size=16).hexdigest()
+    return hashlib.blake2b(data.tobytes(), digest_size=16).hexdigest()
 
 
 @attrs.frozen(eq=False)
@@ -83,7 +84,7 @@ class _Work:
 
     def wait(self, timeout_s: float) -> None:
         try:
-            self.work.wait(timeout=datetime.timedelta(seconds=timeout_s))
+            self.work.wait(timeout=dt.timedelta(seconds=timeout_s))
         except RuntimeError as error:  # gloo and NCCL report timeouts and broken peers so
             raise TransferError(str(error).splitlines()[0][:200]) from error
 
@@ -222,7 +223,7 @@ class PDRunConfig:
     max_num_batched_tokens: int = 64
     requests: tuple[RequestSpec, ...] = attrs.field(default=(RequestSpec(8),), converter=_specs)
     transfer_timeout_s: float = 2.0
-    peer_timeout_s: float = 3.0
+    peer_timeout_s: float = 5.0
     max_attempts: int = 3
     run_timeout_s: float = 60.0
     backend: str = "gloo"
@@ -272,7 +273,9 @@ def make_requests(config: PDRunConfig, vocab_size: int = 512) -> list[Request]:
 
 
 def _executor(config: PDRunConfig, num_pages: int, device: torch.device) -> TorchExecutor:
-    return create_executor(model=config.model, num_pages=num_pages, page_size=config.page_size, device=device, seed=config.seed)
+    return create_executor(
+        model=config.model, num_pages=num_pages, page_size=config.page_size, device=device, seed=config.seed
+    )
 
 
 def run_aggregated(config: PDRunConfig, num_pages: int | None = None) -> dict[str, tuple[int, ...]]:
@@ -291,16 +294,16 @@ def run_aggregated(config: PDRunConfig, num_pages: int | None = None) -> dict[st
 
 
 # ---------------------------------------------------------------------------- one rank
-def _init(config: PDRunConfig, rank: int, addr: str, port: int) -> dist.TCPStore:
-    timeout = datetime.timedelta(seconds=config.run_timeout_s)
-    store = dist.TCPStore(addr, port, config.world_size, is_master=rank == 0, timeout=timeout)
+def _init(config: PDRunConfig, rank: int, addr: str, port: int) -> TCPStore:
+    timeout = dt.timedelta(seconds=config.run_timeout_s)
+    store = TCPStore(addr, port, config.world_size, is_master=rank == 0, timeout=timeout)
     dist.init_process_group(
-        config.backend, store=dist.PrefixStore("pg", store), rank=rank, world_size=config.world_size, timeout=timeout
+        config.backend, store=PrefixStore("pg", store), rank=rank, world_size=config.world_size, timeout=timeout
     )
     return store
 
 
-def _statuses(store: dist.TCPStore, ranks: Sequence[int]) -> dict[int, WorkerStatus]:
+def _statuses(store: TCPStore, ranks: Sequence[int]) -> dict[int, WorkerStatus]:
     out = {}
     for rank in ranks:
         key = f"pd/status/{rank}"
@@ -309,15 +312,25 @@ def _statuses(store: dist.TCPStore, ranks: Sequence[int]) -> dict[int, WorkerSta
     return out
 
 
+def _route(router: Router, messages: list[Message], store: TCPStore, mailbox: Mailbox, world: int) -> list[Message]:
+    """Give the router its messages and the statuses, send what it answers; return the worker's messages."""
+    outbox = []
+    for message in messages:
+        if isinstance(message, _ROUTER_MESSAGES):
+            outbox += router.on_message(message, time.time())
+    outbox += router.tick(time.time(), _statuses(store, range(world)))
+    for dst, message in outbox:
+        mailbox.send(dst, message)
+    return [m for m in messages if not isinstance(m, _ROUTER_MESSAGES)]
+
+
 def run_rank(config: PDRunConfig, rank: int, addr: str, port: int, output: str | None = None) -> int:
     """Run one rank until the router says it is over (or ``run_timeout_s``); return its exit code."""
     store = _init(config, rank, addr, port)
     device = torch.device(f"cuda:{int(os.environ.get('LOCAL_RANK', rank))}" if config.backend == "nccl" else "cpu")
     is_prefill = rank < config.num_prefill
     executor = _executor(config, config.prefill_pages if is_prefill else config.decode_pages, device)
-    scheduler = Scheduler(
-        SchedulerConfig(num_pages=executor.num_pages, page_size=config.page_size), config.policy()
-    )
+    scheduler = Scheduler(SchedulerConfig(num_pages=executor.num_pages, page_size=config.page_size), config.policy())
     mailbox = Mailbox(cast("KeyValueStore", store), rank)
     role = PrefillWorker if is_prefill else DecodeWorker
     worker = role(
@@ -329,9 +342,21 @@ def run_rank(config: PDRunConfig, rank: int, addr: str, port: int, output: str |
         faults=config.faults,
         transfer_timeout_s=config.transfer_timeout_s,
     )
+    kv_store = cast("KeyValueStore", store)
+    last_status = 0.0
+
+    def heartbeat() -> None:
+        nonlocal last_status
+        if time.monotonic() - last_status > 0.02:
+            kv_store.set(f"pd/status/{rank}", pickle.dumps(worker.status()))
+            last_status = time.monotonic()
+
+    worker.heartbeat = heartbeat
+    store.set(f"pd/ready/{rank}", "1")
     router = None
     if rank == 0:
         requests = make_requests(config, executor.model.config.vocab_size)
+        store.wait([f"pd/ready/{r}" for r in range(config.world_size)])  # the run starts when every rank can answer
         store.set("pd/start", "1")
         router = Router(
             requests,
@@ -344,44 +369,34 @@ def run_rank(config: PDRunConfig, rank: int, addr: str, port: int, output: str |
     else:
         store.wait(["pd/start"])
     deadline = time.monotonic() + config.run_timeout_s
-    last_status = 0.0
-    while not worker.shutdown and time.monotonic() < deadline:
+    while time.monotonic() < deadline:
         messages = mailbox.receive()
         if router is not None:
-            outbox = []
-            for message in messages:
-                if isinstance(message, _ROUTER_MESSAGES):
-                    outbox += router.on_message(message, time.time())
-            messages = [m for m in messages if not isinstance(m, _ROUTER_MESSAGES)]
-            outbox += router.tick(time.time(), _statuses(store, range(config.world_size)))
-            for dst, message in outbox:
-                mailbox.send(dst, message)
+            messages = _route(router, messages, store, mailbox, config.world_size)
         worker.handle_all(messages)
         if worker.shutdown:
             break
         worker.poll()
         stepped = worker.step()
-        if time.monotonic() - last_status > 0.02:
-            store.set(f"pd/status/{rank}", pickle.dumps(worker.status()))
-            last_status = time.monotonic()
+        heartbeat()
         stall = worker.stall_now()
         if stall:
             time.sleep(stall)
         elif not stepped:
             time.sleep(0.001)
     report = worker.report()
-    store.set(f"pd/bye/{rank}", pickle.dumps(report))
+    cast("KeyValueStore", store).set(f"pd/bye/{rank}", pickle.dumps(report))
     if router is not None:
         _finish_router(store, router, config, report, output)
     return 0 if worker.shutdown else 2
 
 
 def _finish_router(
-    store: dist.TCPStore, router: Router, config: PDRunConfig, report: WorkerReport, output: str | None
+    store: TCPStore, router: Router, config: PDRunConfig, report: WorkerReport, output: str | None
 ) -> None:
     """Collect every rank's report (waiting a while for them), then write the run's results."""
     reports: dict[int, WorkerReport] = {0: report}
-    grace = time.monotonic() + config.peer_timeout_s + config.transfer_timeout_s + 5.0
+    grace = time.monotonic() + config.peer_timeout_s + 2.0  # a rank declared dead may only be slow
     while len(reports) < config.world_size and time.monotonic() < grace:
         for rank in range(1, config.world_size):
             key = f"pd/bye/{rank}"
@@ -463,6 +478,14 @@ def _free_port() -> int:
         return port
 
 
+def _wait(proc: subprocess.Popen[bytes], end: float) -> int:
+    """The process's exit code, or -999 if it is still running at ``end`` (the caller kills it)."""
+    try:
+        return proc.wait(timeout=max(end - time.monotonic(), 0.1))
+    except subprocess.TimeoutExpired:
+        return -999
+
+
 def launch(config: PDRunConfig, *, timeout_s: float | None = None, quiet: bool = True) -> PDRunResult:
     """Run ``config`` as ``world_size`` local processes, torchrun-style, and return its results.
 
@@ -496,13 +519,8 @@ def launch(config: PDRunConfig, *, timeout_s: float | None = None, quiet: bool =
             sink = subprocess.DEVNULL if quiet else None
             procs.append(subprocess.Popen(command, env=env, stdout=sink, stderr=sink))  # noqa: S603 -- our own module
         end = time.monotonic() + timeout
-        codes: dict[int, int] = {}
         try:
-            for rank, proc in enumerate(procs):
-                try:
-                    codes[rank] = proc.wait(timeout=max(end - time.monotonic(), 0.1))
-                except subprocess.TimeoutExpired:
-                    codes[rank] = -999
+            codes = {rank: _wait(proc, end) for rank, proc in enumerate(procs)}
         finally:
             for proc in procs:
                 if proc.poll() is None:

@@ -71,7 +71,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.output:
         Path(args.output).write_text(json.dumps(result.to_dict(), indent=1))
     states = [r["state"] for r in result.requests.values()]
-    print(f"{states.count('finished')} finished, {states.count('failed')} failed; exit codes {result.exit_codes}")
+    sys.stdout.write(
+        f"{states.count('finished')} finished, {states.count('failed')} failed; exit codes {result.exit_codes}\n"
+    )
     return 0 if all(code == 0 for code in result.exit_codes.values()) else 1
 
 
