@@ -7,6 +7,10 @@ the router and every rank reported.
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -95,3 +99,28 @@ class TestFaults:
         _check_nothing_lost(result, config, silent=(1,))  # it wakes, hears the shutdown and reports
         errors = " ".join(e for r in result.requests.values() for e in r["errors"])
         assert "prefill worker 1" in errors
+
+
+class TestPhaseSplitExample:
+    def test_example_measures_and_compares(self, tmp_path: Path) -> None:
+        """examples/pd_runtime.py runs a real 1P:1D split and reports every TTFT component beside the simulator's."""
+        example = Path(__file__).resolve().parents[3] / "examples" / "pd_runtime.py"
+        output = tmp_path / "pd.json"
+        done = subprocess.run(
+            [sys.executable, str(example), "--requests", "3", "--prompt-lens", "16,40", "--output", str(output)],
+            capture_output=True,
+            text=True,
+            timeout=240,
+            check=False,
+        )
+        assert done.returncode == 0, done.stdout + done.stderr
+        data = json.loads(output.read_text())
+        assert [row["component"] for row in data["components"]] == [
+            "queue",
+            "prefill",
+            "transfer",
+            "first_decode",
+            "ttft",
+        ]
+        assert len(data["transfers"]) == 3
+        assert data["link"]["bandwidth_bytes_per_s"] > 0
