@@ -41,6 +41,7 @@ def main() -> int:
     parser.add_argument("--prompt-lens", default="64,160,256,400", help="prompt lengths, cycled")
     parser.add_argument("--max-new-tokens", type=int, default=8, help="tokens per request")
     parser.add_argument("--page-size", type=int, default=16, help="tokens per KV page")
+    parser.add_argument("--repeats", type=int, default=9, help="samples per link size (profile: half as many)")
     parser.add_argument("--output", help="write everything measured as JSON here")
     args = parser.parse_args()
 
@@ -54,12 +55,12 @@ def main() -> int:
     per_token = kv_bytes_per_token(config)
     sizes = sorted({-(-p // args.page_size) * args.page_size * per_token for p in lengths})
 
-    samples = measure_link([*sizes, 1 << 20, 4 << 20], repeats=9)
+    samples = measure_link([*sizes, 1 << 20, 4 << 20], repeats=args.repeats)
     link = fit_link(samples)
     grid = ProfileGrid(
         prefill_tokens=(0, 16, 64, 256), prefill_prefix=(0, 256), decode_seqs=(0, 1, 4), decode_context=(16, 128, 512)
     )
-    cost = profile_cost_model(config, grid)
+    cost = profile_cost_model(config, grid, repeats=max(args.repeats // 2, 1))
     result = launch(config)
     measured = measured_components(result)
     simulated = simulated_components(config, cost, link, per_token)

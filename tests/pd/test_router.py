@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from phasesched import Request
 from phasesched.pd import Mailbox, Manifest, Router, WorkerLoad, WorkerStatus, pick_worker
-from phasesched.pd.protocol import Decode, Finished, Prefill, Release, Shutdown, TransferFailed
+from phasesched.pd.protocol import Decode, Finished, Prefill, Pull, Release, Shutdown, TransferFailed
 
 
 class DictStore:
@@ -83,8 +83,11 @@ class TestRouter:
         router = self._router()
         out = router.tick(0.0, _statuses(0, 1, 2))
         assert [type(m) for _, m in out] == [Prefill, Prefill]
-        ((rank_a, decode_a),) = router.on_message(_manifest("a", 0), 0.1)
-        ((rank_b, _),) = router.on_message(_manifest("b", 0), 0.1)
+        (rank_a, decode_a), (src, pull) = router.on_message(_manifest("a", 0), 0.1)
+        assert src == 0
+        assert isinstance(pull, Pull)
+        assert pull.dst_rank == rank_a
+        ((rank_b, _), _) = router.on_message(_manifest("b", 0), 0.1)
         assert isinstance(decode_a, Decode)
         assert {rank_a, rank_b} == {1, 2}
         for rid, rank in (("a", rank_a), ("b", rank_b)):
@@ -109,12 +112,12 @@ class TestRouter:
         """A decode worker whose status stops changing is dead; its requests start over, the rest go on."""
         router = self._router()
         router.tick(0.0, _statuses(0, 1, 2))
-        ((rank, _),) = router.on_message(_manifest("a", 0), 0.1)
+        ((rank, _), _) = router.on_message(_manifest("a", 0), 0.1)
         alive = 3 - rank
         out = router.tick(1.5, {0: WorkerStatus(2, 100, 0, 4), alive: WorkerStatus(2, 100, 0, 4)})
         assert router.dead == {rank}
         assert any(isinstance(m, Prefill) and m.request.request_id == "a" and m.attempt == 1 for _, m in out)
-        ((again, _),) = router.on_message(_manifest("a", 1), 1.6)
+        ((again, _), _) = router.on_message(_manifest("a", 1), 1.6)
         assert again == alive
 
     def test_gives_up_after_max_attempts(self) -> None:

@@ -5,11 +5,15 @@ The protocol (one request, one attempt)::
     router --Prefill--> P           P prefills (its pages are held when the prompt is done)
     P --Manifest--> router          request, pages, layout, dtype, token count, checksum
     router --Decode--> D            D queues the request; its scheduler admits it only with room
-    D --Pull--> P                   D has reserved the pages (admission)
-    P --Sending--> D                P has started the send (torch.distributed isend)
-    P ==pages==> D                  D posts the receive: one tensor, pages in token order
+    router --Pull--> P              P starts the send to D (torch.distributed isend, under a tag)
+    P --Sending--> D                the bytes wait for D's receive (no byte moves before it)
+    D: admitted (pages reserved)    D posts the receive: one tensor, pages in token order
     D --Ack--> P, D --Pulled--> router      after the checksum matched; P releases its pages
     D --Finished--> router          the generated tokens, once
+
+The router orders the send as soon as it places the request, so the prefill worker (which
+serves sends between its own steps) has usually posted it before the decode worker admits the
+request: the pull then costs the decode worker the receive alone, not a wait for a prefill step.
 
 D waits for ``Sending`` in its mailbox, with its own timeout, before it posts the receive, so
 a receive is only ever posted for bytes already on their way (gloo closes the connection to a
@@ -106,15 +110,16 @@ class Prefill:
 
 @attrs.frozen
 class Decode:
-    """Router to a decode worker: queue the request; pull its KV when admitted."""
+    """Router to a decode worker: queue the request; receive its KV under ``tag`` when admitted."""
 
     request: Request
     manifest: Manifest
+    tag: int
 
 
 @attrs.frozen
 class Pull:
-    """Decode to prefill worker: pages reserved; send them under ``tag`` unless past ``deadline`` (wall clock)."""
+    """Router to prefill worker: send the pages to ``dst_rank`` under ``tag`` (unless past ``deadline``, wall clock)."""
 
     request_id: str
     attempt: int

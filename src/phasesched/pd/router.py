@@ -23,6 +23,7 @@ from phasesched.pd.protocol import (
     Manifest,
     Message,
     Prefill,
+    Pull,
     Pulled,
     Release,
     Shutdown,
@@ -129,6 +130,7 @@ class Router:
         self._liveness = {rank: _Liveness(changed=start) for rank in (*self.prefill_ranks, *self.decode_ranks)}
         self._load = dict.fromkeys(self._liveness, 0)
         self._shutdown_sent = False
+        self._tag = 0  # one per transfer: tags never repeat within a pair of ranks
 
     # ---------------------------------------------------------------- queries
     @property
@@ -230,7 +232,12 @@ class Router:
             return self._retry(outcome, f"attempt {outcome.attempt}: no live decode worker", now)
         outcome.state, outcome.decode_rank = _State.DECODE, rank
         self._load[rank] += 1
-        return [(rank, Decode(outcome.request, manifest))]
+        self._tag += 1
+        request_id, attempt = manifest.request_id, manifest.attempt
+        return [
+            (rank, Decode(outcome.request, manifest, self._tag)),
+            (manifest.src_rank, Pull(request_id, attempt, rank, self._tag, float("inf"))),
+        ]
 
     def _retry(self, outcome: RequestOutcome, reason: str, now: float) -> Outbox:
         """End this attempt (releasing held pages); start the next, or fail the request."""

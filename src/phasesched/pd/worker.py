@@ -6,9 +6,10 @@ themselves move through a :class:`PageTransport` (``phasesched_torch`` provides 
 ``torch.distributed``); this module holds the scheduling half and needs no torch.
 
 * A **prefill worker** runs each request with ``max_new_tokens=1`` and :meth:`Scheduler.hold_kv`:
-  when the prompt is computed its pages stay held, it publishes a :class:`Manifest`, sends the
-  pages when a decode worker pulls, and releases them on the ``Ack`` (or a ``Nack``, a
-  ``Release`` from the router, a failed send, or no ``Ack`` within ``ack_timeout_s`` of the pull).
+  when the prompt is computed its pages stay held, it publishes a :class:`Manifest`, starts the
+  send when the router names the decode worker, and releases the pages on the ``Ack``, a
+  ``Nack`` (the decode side's pull failed or timed out), a ``Release`` from the router (the
+  decode worker died, or the attempt was given up) or at shutdown (counted: a leak if any).
 * A **decode worker** queues each request with ``precomputed_tokens=prompt_len - 1``: its
   scheduler admits it only when the whole prompt's pages fit (the reservation), and in that
   step, before the executor runs, the pages are pulled into the slots the plan gave them. The
@@ -190,7 +191,6 @@ class _Hold:
     attempt: int
     outgoing: Outgoing
     sending: PendingTransfer | None = None
-    deadline: float = float("inf")
 
 
 class _Worker:
@@ -308,14 +308,16 @@ class _Worker:
 class PrefillWorker(_Worker):
     """Prefills prompts and serves their KV to decode workers. See the module docstring.
 
-    An ``Ack`` may take ``transfer_timeout_s`` after the pull before the pages are released.
+    It never times a hold out itself: the decode side's pull has a timeout (then it sends a
+    ``Nack``) and the router watches the decode side's liveness (then it sends a ``Release``),
+    so a request queued behind others on a busy decode worker keeps its pages here, as
+    back-pressure, for as long as it waits.
     """
 
     role = "prefill"
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self.ack_timeout_s = 2 * self.transfer_timeout_s  # the decode side gives up first
         self.holds: dict[str, _Hold] = {}
         self._attempts: dict[str, tuple[str, int]] = {}
         self._first_step: dict[str, float] = {}
@@ -350,7 +352,6 @@ class PrefillWorker(_Worker):
         if hold is None or hold.sending is not None:
             return  # released already (the decode side times out and says so)
         now = self.clock()
-        hold.deadline = now + self.ack_timeout_s
         if now > message.deadline:
             return  # the decode side has given up already: a send now would never be received
         if message.attempt == 0 and message.request_id in self.faults.drop_transfer:
@@ -358,19 +359,8 @@ class PrefillWorker(_Worker):
         try:
             hold.sending = self.transport.send(hold.outgoing, message.dst_rank, message.tag)
         except TransferError:
-            return  # the decode side times out; the ack deadline releases the pages
+            return  # the decode worker is gone: it times out or the router releases the pages
         self.mailbox.send(message.dst_rank, Sending(message.request_id, message.attempt, message.tag))
-
-    def poll(self) -> None:
-        """Release holds whose send failed or whose ``Ack`` is overdue, and tell the router."""
-        now = self.clock()
-        for wid, hold in list(self.holds.items()):
-            reason = None
-            if now > hold.deadline:
-                reason = f"no ack within {self.ack_timeout_s} s of the pull (prefill worker {self.rank})"
-            if reason is not None:
-                self._release(wid)
-                self.mailbox.send(self.router_rank, TransferFailed(hold.request_id, hold.attempt, self.rank, reason))
 
     def _release(self, wid: str, *, acked: bool = False) -> None:
         hold = self.holds.pop(wid, None)
@@ -432,11 +422,11 @@ class DecodeWorker(_Worker):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.pull_timeout_s = self.transfer_timeout_s
-        self._pending: dict[str, Manifest] = {}
+        self._pending: dict[str, tuple[Manifest, int]] = {}
+        self._sending: set[Sending] = set()
         self._first_token: dict[str, float] = {}
         self._failed: set[str] = set()
         self._records: list[TransferRecord] = []
-        self._tag = 0
         self._graveyard: list[PendingTransfer] = []  # receives given up on: their buffers must outlive them
         self._later: list[Message] = []  # messages that came while a pull waited for its Sending
 
@@ -446,7 +436,9 @@ class DecodeWorker(_Worker):
         super().handle_all(later + messages)
 
     def handle(self, message: Message) -> None:
-        """Queue transferred requests."""
+        """Queue transferred requests; note sends started for them."""
+        if isinstance(message, Sending):
+            self._sending.add(message)
         if not isinstance(message, Decode):
             return
         manifest, request = message.manifest, message.request
@@ -458,17 +450,17 @@ class DecodeWorker(_Worker):
             self.mailbox.send(manifest.src_rank, Nack(request.request_id, manifest.attempt, str(error)))
             self.mailbox.send(self.router_rank, Failed(request.request_id, manifest.attempt, self.rank, str(error)))
             return
-        self._pending[wid] = manifest
+        self._pending[wid] = (manifest, message.tag)
 
     def before_execute(self, plan: StepPlan, now: float) -> None:
         """Pull the KV of every request admitted in this step into the pages the plan gave it."""
         del now
         for request in plan.new_requests:
-            manifest = self._pending.pop(request.request_id, None)
-            if manifest is not None:  # a readmission after a preemption recomputes instead
-                self._pull(plan, request.request_id, manifest)
+            pending = self._pending.pop(request.request_id, None)
+            if pending is not None:  # a readmission after a preemption recomputes instead
+                self._pull(plan, request.request_id, *pending)
 
-    def _pull(self, plan: StepPlan, wid: str, manifest: Manifest) -> None:
+    def _pull(self, plan: StepPlan, wid: str, manifest: Manifest, tag: int) -> None:
         i = plan.request_ids.index(wid)
         pages = plan.kv_indices[plan.kv_indptr[i] : plan.kv_indptr[i + 1]]
         request_id, attempt, src = manifest.request_id, manifest.attempt, manifest.src_rank
@@ -477,11 +469,9 @@ class DecodeWorker(_Worker):
             if len(pages) != manifest.num_pages:
                 msg = f"{manifest.num_pages} pages sent, {len(pages)} reserved"
                 raise TransferError(msg)  # noqa: TRY301 -- one failure path for every cause
-            self._tag += 1
             deadline = start + self.pull_timeout_s
-            self.mailbox.send(src, Pull(request_id, attempt, self.rank, self._tag, deadline))
-            self._await_sending(Sending(request_id, attempt, self._tag), deadline)
-            pending = self.transport.receive(manifest, self._tag)
+            self._await_sending(Sending(request_id, attempt, tag), deadline)
+            pending = self.transport.receive(manifest, tag)
             try:
                 pending.wait(max(deadline - self.clock(), 0.0) + self.pull_timeout_s)
             except TransferError:
@@ -502,11 +492,17 @@ class DecodeWorker(_Worker):
 
     def _await_sending(self, expected: Sending, deadline: float) -> None:
         """Wait in the mailbox for the prefill side's ``Sending``, putting other messages aside."""
-        while self.clock() < deadline:
+        while True:
+            if expected in self._sending:
+                self._sending.discard(expected)
+                return
+            if self.clock() >= deadline:
+                break
             for message in self.mailbox.receive():
-                if message == expected:
-                    return
-                self._later.append(message)
+                if isinstance(message, Sending):
+                    self._sending.add(message)
+                else:
+                    self._later.append(message)
             self.heartbeat()
             time.sleep(0.001)
         msg = f"no answer from the prefill worker within {self.pull_timeout_s} s"

@@ -73,7 +73,7 @@ class TestDisaggregatedRun:
 class TestFaults:
     def test_killed_decode_worker(self) -> None:
         """1P:2D: a decode worker killed mid-run loses nothing; its requests are re-prefilled and served elsewhere."""
-        config = _config(num_decode=2, faults=Faults(kill_rank=1, kill_after_steps=6))
+        config = _config(num_decode=2, faults=Faults(kill_rank=1, kill_after_steps=6), peer_timeout_s=3.0)
         result = launch(config)
         _check_nothing_lost(result, config, killed=(1,))
         assert any("decode worker 1" in " ".join(r["errors"]) for r in result.requests.values())
@@ -107,7 +107,18 @@ class TestPhaseSplitExample:
         example = Path(__file__).resolve().parents[3] / "examples" / "pd_runtime.py"
         output = tmp_path / "pd.json"
         done = subprocess.run(
-            [sys.executable, str(example), "--requests", "3", "--prompt-lens", "16,40", "--output", str(output)],
+            [
+                sys.executable,
+                str(example),
+                "--requests",
+                "3",
+                "--prompt-lens",
+                "16,40",
+                "--repeats",
+                "2",
+                "--output",
+                str(output),
+            ],
             capture_output=True,
             text=True,
             timeout=240,
