@@ -42,7 +42,7 @@ def transfer_table(pages: list[int], repeats: int) -> list[dict[str, float]]:
     specs = []
     for k in range(repeats):
         for i, n in enumerate(pages):
-            specs.append(RequestSpec(n * PAGE_SIZE, 1, 0.25 * (k * len(pages) + i)))
+            specs.append(RequestSpec(n * PAGE_SIZE, 1, 1.0 * (k * len(pages) + i)))  # alone: no step to wait for
     config = PDRunConfig(
         page_size=PAGE_SIZE,
         prefill_pages=2 * max(pages) + 8,

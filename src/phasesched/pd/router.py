@@ -32,7 +32,7 @@ from phasesched.pd.protocol import (
 from phasesched.pd.routing import WorkerLoad, pick_worker
 from phasesched.request import Request
 
-__all__ = ["RequestOutcome", "Router", "WorkerStatus"]
+__all__ = ["RequestOutcome", "RequestState", "Router", "WorkerStatus"]
 
 Outbox = list[tuple[int, Message]]
 
@@ -47,7 +47,9 @@ class WorkerStatus:
     page_size: int
 
 
-class _State(enum.Enum):
+class RequestState(enum.Enum):
+    """Where a request stands in the router: not yet routed, prefilling, decoding, or ended."""
+
     PENDING = "pending"
     PREFILL = "prefill"
     DECODE = "decode"
@@ -72,7 +74,7 @@ class RequestOutcome:
     """
 
     request: Request
-    state: _State = _State.PENDING
+    state: RequestState = RequestState.PENDING
     attempt: int = 0
     prefill_rank: int = -1
     decode_rank: int = -1
@@ -85,7 +87,7 @@ class RequestOutcome:
     @property
     def done(self) -> bool:
         """Whether it ended (finished or failed)."""
-        return self.state in (_State.FINISHED, _State.FAILED)
+        return self.state in (RequestState.FINISHED, RequestState.FAILED)
 
 
 @attrs.define
@@ -174,7 +176,7 @@ class Router:
             return []
         current = getattr(message, "attempt", -1) == outcome.attempt and not outcome.done
         if isinstance(message, Manifest):
-            if not current or outcome.state is not _State.PREFILL:
+            if not current or outcome.state is not RequestState.PREFILL:
                 return [(message.src_rank, Release(message.request_id, message.attempt))]
             return self._to_decode(outcome, message, now)
         if not current:
@@ -183,12 +185,12 @@ class Router:
             outcome.pulled = message
         elif isinstance(message, Finished):
             outcome.finished = message
-            self._end(outcome, _State.FINISHED)
+            self._end(outcome, RequestState.FINISHED)
         elif isinstance(message, TransferFailed):
             return self._retry(outcome, f"attempt {outcome.attempt}: {message.reason}", now)
         elif isinstance(message, Failed):
             outcome.errors.append(f"attempt {outcome.attempt}: {message.reason}")
-            self._end(outcome, _State.FAILED)
+            self._end(outcome, RequestState.FAILED)
         return []
 
     # ---------------------------------------------------------------- internals
@@ -215,9 +217,9 @@ class Router:
         rank = self._pick(self.prefill_ranks, outcome.request.prompt_len)
         if rank is None:
             outcome.errors.append(f"attempt {outcome.attempt}: no live prefill worker")
-            self._end(outcome, _State.FAILED)
+            self._end(outcome, RequestState.FAILED)
             return []
-        outcome.state, outcome.prefill_rank, outcome.decode_rank = _State.PREFILL, rank, -1
+        outcome.state, outcome.prefill_rank, outcome.decode_rank = RequestState.PREFILL, rank, -1
         outcome.manifest = outcome.pulled = None
         self._load[rank] += 1
         del now
@@ -228,9 +230,9 @@ class Router:
         outcome.manifest = manifest
         rank = self._pick(self.decode_ranks, outcome.request.prompt_len)
         if rank is None:
-            outcome.state = _State.DECODE  # so _retry releases the pages
+            outcome.state = RequestState.DECODE  # so _retry releases the pages
             return self._retry(outcome, f"attempt {outcome.attempt}: no live decode worker", now)
-        outcome.state, outcome.decode_rank = _State.DECODE, rank
+        outcome.state, outcome.decode_rank = RequestState.DECODE, rank
         self._load[rank] += 1
         self._tag += 1
         request_id, attempt = manifest.request_id, manifest.attempt
@@ -242,18 +244,18 @@ class Router:
     def _retry(self, outcome: RequestOutcome, reason: str, now: float) -> Outbox:
         """End this attempt (releasing held pages); start the next, or fail the request."""
         out: Outbox = []
-        if outcome.state is _State.PREFILL:
+        if outcome.state is RequestState.PREFILL:
             self._load[outcome.prefill_rank] -= 1
-        if outcome.state is _State.DECODE:
+        if outcome.state is RequestState.DECODE:
             if outcome.decode_rank >= 0:
                 self._load[outcome.decode_rank] -= 1
             if outcome.prefill_rank not in self.dead:
                 out.append((outcome.prefill_rank, Release(outcome.request.request_id, outcome.attempt)))
         outcome.errors.append(reason)
-        outcome.state = _State.PENDING
+        outcome.state = RequestState.PENDING
         if outcome.attempt + 1 >= self.max_attempts:
             outcome.errors.append(f"gave up after {self.max_attempts} attempts")
-            self._end(outcome, _State.FAILED)
+            self._end(outcome, RequestState.FAILED)
             return out
         outcome.attempt += 1
         return out + self._to_prefill(outcome, now)
@@ -262,15 +264,15 @@ class Router:
         self.dead.add(rank)
         out: Outbox = []
         for outcome in self.outcomes.values():
-            if outcome.state is _State.PREFILL and outcome.prefill_rank == rank:
+            if outcome.state is RequestState.PREFILL and outcome.prefill_rank == rank:
                 out += self._retry(outcome, f"attempt {outcome.attempt}: prefill worker {rank} stopped answering", now)
-            elif outcome.state is _State.DECODE and outcome.decode_rank == rank:
+            elif outcome.state is RequestState.DECODE and outcome.decode_rank == rank:
                 out += self._retry(outcome, f"attempt {outcome.attempt}: decode worker {rank} stopped answering", now)
         return out
 
-    def _end(self, outcome: RequestOutcome, state: _State) -> None:
-        if outcome.state is _State.DECODE and outcome.decode_rank >= 0:
+    def _end(self, outcome: RequestOutcome, state: RequestState) -> None:
+        if outcome.state is RequestState.DECODE and outcome.decode_rank >= 0:
             self._load[outcome.decode_rank] -= 1
-        elif outcome.state is _State.PREFILL:
+        elif outcome.state is RequestState.PREFILL:
             self._load[outcome.prefill_rank] -= 1
         outcome.state = state
