@@ -38,11 +38,20 @@ def _config(**overrides: Any) -> PDRunConfig:
 
 
 def _check_nothing_lost(
-    result: PDRunResult, config: PDRunConfig, *, killed: tuple[int, ...] = (), silent: tuple[int, ...] = ()
+    result: PDRunResult,
+    config: PDRunConfig,
+    *,
+    killed: tuple[int, ...] = (),
+    silent: tuple[int, ...] = (),
+    failed: tuple[str, ...] = (),
 ) -> None:
-    """Every request finished with the aggregated run's tokens; no rank leaked a page; live ranks exited 0."""
+    """Every request but ``failed`` finished with the aggregated run's tokens; no page leaked; live ranks exited 0."""
     reference = run_aggregated(config)
     for request_id, record in result.requests.items():
+        if request_id in failed:
+            assert record["state"] == "failed", record
+            assert record["output_token_ids"] is None
+            continue
         assert record["state"] == "finished", (request_id, record["errors"])
         assert tuple(record["output_token_ids"]) == reference[request_id], request_id
     assert set(result.workers) == set(range(config.world_size)) - set(killed)
@@ -89,6 +98,15 @@ class TestFaults:
         assert r3["attempt"] == 1
         assert "checksum" in r3["errors"][0]
         assert all(r["attempt"] == 0 for k, r in result.requests.items() if k not in ("r1", "r3"))
+
+    def test_no_attempts_left_fails_with_the_reason(self) -> None:
+        """With one attempt allowed, a dropped transfer fails its request with the reason; the rest are served."""
+        config = _config(faults=Faults(drop_transfer={"r2"}), max_attempts=1)
+        result = launch(config)
+        _check_nothing_lost(result, config, failed=("r2",))
+        errors = result.requests["r2"]["errors"]
+        assert "no answer" in errors[0]
+        assert "gave up" in errors[-1]
 
     def test_silent_prefill_worker(self) -> None:
         """2P:1D: a prefill worker that stops answering is declared dead; its requests are served by the other."""
