@@ -98,6 +98,15 @@ class TestRouter:
         assert router.outcomes["a"].finished.output_token_ids == (1, 2)
         assert all(isinstance(m, Shutdown) for _, m in router.tick(0.4, _statuses(0, 1, 2, seq=2)))
 
+    def test_lazy_send_leaves_the_pull_to_the_decode_worker(self) -> None:
+        """Without eager sends the router only queues the request on a decode worker (NCCL's ordering)."""
+        router = Router([Request("a", prompt_len=8)], [0], [1], start=0.0, eager_send=False)
+        router.tick(0.0, _statuses(0, 1))
+        ((rank, decode),) = router.on_message(_manifest("a", 0), 0.1)
+        assert rank == 1
+        assert isinstance(decode, Decode)
+        assert not decode.eager
+
     def test_failed_transfer_reprefills_and_releases(self) -> None:
         """A failed transfer releases the prefill side's pages and starts the next attempt."""
         router = self._router()

@@ -110,16 +110,25 @@ class Prefill:
 
 @attrs.frozen
 class Decode:
-    """Router to a decode worker: queue the request; receive its KV under ``tag`` when admitted."""
+    """Router to a decode worker: queue the request; receive its KV under ``tag`` when admitted.
+
+    ``eager``: the router has told the prefill worker to send already; otherwise the decode
+    worker sends the ``Pull`` itself when it admits the request (transports that ignore tags,
+    as NCCL does, then receive in the order the sends were posted).
+    """
 
     request: Request
     manifest: Manifest
     tag: int
+    eager: bool = True
 
 
 @attrs.frozen
 class Pull:
-    """Router to prefill worker: send the pages to ``dst_rank`` under ``tag`` (unless past ``deadline``, wall clock)."""
+    """Router (or decode worker) to prefill worker: send the pages to ``dst_rank`` under ``tag``.
+
+    Unless past ``deadline`` (wall clock): the decode worker has given up on them then.
+    """
 
     request_id: str
     attempt: int

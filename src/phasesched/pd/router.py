@@ -106,6 +106,8 @@ class Router:
         start: The clock's time at the run's start.
         max_attempts: Attempts per request before it fails.
         peer_timeout_s: A worker whose status has not changed for this long is dead.
+        eager_send: Order the send when the request is placed (gloo); otherwise the decode
+            worker pulls when it admits the request, one pull at a time (NCCL, which ignores tags).
 
     """
 
@@ -118,6 +120,7 @@ class Router:
         start: float,
         max_attempts: int = 3,
         peer_timeout_s: float = 5.0,
+        eager_send: bool = True,
     ) -> None:
         self.outcomes = {r.request_id: RequestOutcome(r) for r in requests}
         self._arrivals = sorted(self.outcomes.values(), key=lambda o: (o.request.arrival_time, o.request.request_id))
@@ -133,6 +136,7 @@ class Router:
         self._load = dict.fromkeys(self._liveness, 0)
         self._shutdown_sent = False
         self._tag = 0  # one per transfer: tags never repeat within a pair of ranks
+        self.eager_send = eager_send
 
     # ---------------------------------------------------------------- queries
     @property
@@ -236,10 +240,10 @@ class Router:
         self._load[rank] += 1
         self._tag += 1
         request_id, attempt = manifest.request_id, manifest.attempt
-        return [
-            (rank, Decode(outcome.request, manifest, self._tag)),
-            (manifest.src_rank, Pull(request_id, attempt, rank, self._tag, float("inf"))),
-        ]
+        out: Outbox = [(rank, Decode(outcome.request, manifest, self._tag, eager=self.eager_send))]
+        if self.eager_send:
+            out.append((manifest.src_rank, Pull(request_id, attempt, rank, self._tag, float("inf"))))
+        return out
 
     def _retry(self, outcome: RequestOutcome, reason: str, now: float) -> Outbox:
         """End this attempt (releasing held pages); start the next, or fail the request."""

@@ -422,7 +422,7 @@ class DecodeWorker(_Worker):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.pull_timeout_s = self.transfer_timeout_s
-        self._pending: dict[str, tuple[Manifest, int]] = {}
+        self._pending: dict[str, tuple[Manifest, int, bool]] = {}
         self._sending: set[Sending] = set()
         self._first_token: dict[str, float] = {}
         self._failed: set[str] = set()
@@ -450,7 +450,7 @@ class DecodeWorker(_Worker):
             self.mailbox.send(manifest.src_rank, Nack(request.request_id, manifest.attempt, str(error)))
             self.mailbox.send(self.router_rank, Failed(request.request_id, manifest.attempt, self.rank, str(error)))
             return
-        self._pending[wid] = (manifest, message.tag)
+        self._pending[wid] = (manifest, message.tag, message.eager)
 
     def before_execute(self, plan: StepPlan, now: float) -> None:
         """Pull the KV of every request admitted in this step into the pages the plan gave it."""
@@ -460,7 +460,7 @@ class DecodeWorker(_Worker):
             if pending is not None:  # a readmission after a preemption recomputes instead
                 self._pull(plan, request.request_id, *pending)
 
-    def _pull(self, plan: StepPlan, wid: str, manifest: Manifest, tag: int) -> None:
+    def _pull(self, plan: StepPlan, wid: str, manifest: Manifest, tag: int, eager: bool) -> None:
         i = plan.request_ids.index(wid)
         pages = plan.kv_indices[plan.kv_indptr[i] : plan.kv_indptr[i + 1]]
         request_id, attempt, src = manifest.request_id, manifest.attempt, manifest.src_rank
@@ -470,6 +470,8 @@ class DecodeWorker(_Worker):
                 msg = f"{manifest.num_pages} pages sent, {len(pages)} reserved"
                 raise TransferError(msg)  # noqa: TRY301 -- one failure path for every cause
             deadline = start + self.pull_timeout_s
+            if not eager:
+                self.mailbox.send(src, Pull(request_id, attempt, self.rank, tag, deadline))
             self._await_sending(Sending(request_id, attempt, tag), deadline)
             pending = self.transport.receive(manifest, tag)
             try:

@@ -66,10 +66,11 @@ def _check_nothing_lost(
 
 
 class TestDisaggregatedRun:
-    def test_tokens_match_the_aggregated_run(self) -> None:
+    @pytest.mark.parametrize("eager_send", [True, False])
+    def test_tokens_match_the_aggregated_run(self, eager_send: bool) -> None:
         """1P:1D with chunked prefill and decode-side preemption gives the aggregated run's greedy tokens."""
         specs = tuple(RequestSpec(p, 16) for p in PROMPTS)  # all at once: the decode side must preempt
-        config = _config(requests=specs, decode_pages=20)
+        config = _config(requests=specs, decode_pages=20, eager_send=eager_send)
         result = launch(config)
         _check_nothing_lost(result, config)
         assert sum(r["num_preemptions"] for r in result.requests.values()) > 0  # decode-side preemption

@@ -208,6 +208,8 @@ class PDRunConfig:
         max_attempts: Attempts per request.
         run_timeout_s: Every rank exits after this long, whatever happens.
         backend: ``gloo`` (CPU) or ``nccl`` (GPUs).
+        eager_send: The router orders each send when it places the request (never with NCCL,
+            which ignores tags: decode workers then pull one at a time, in admission order).
         faults: Faults to inject.
 
     """
@@ -227,6 +229,7 @@ class PDRunConfig:
     max_attempts: int = 3
     run_timeout_s: float = 60.0
     backend: str = "gloo"
+    eager_send: bool = True
     faults: Faults = attrs.field(factory=Faults, converter=_faults)
 
     @property
@@ -365,6 +368,7 @@ def run_rank(config: PDRunConfig, rank: int, addr: str, port: int, output: str |
             start=time.time(),
             max_attempts=config.max_attempts,
             peer_timeout_s=config.peer_timeout_s,
+            eager_send=config.eager_send and config.backend != "nccl",
         )
     else:
         store.wait(["pd/start"])
