@@ -299,7 +299,7 @@ class PagedKVManager:
         self._open[slots] = False
         self._free_slots.extend(int(s) for s in slots)
 
-    # ---------------------------------------------------------------- holds (P/D)
+    # ---------------------------------------------------------------- holds, for P/D
     def defer_free(self, slot: int) -> None:
         """Mark table ``slot`` so that the next free of it holds its pages instead (vLLM's delayed free).
 
