@@ -29,6 +29,8 @@ class SequenceState:
     precomputed: int = 0
     """Leading prompt tokens whose KV arrives with the request (a disaggregated prefill's
     transfer); lost, and recomputed locally, if the request is preempted."""
+    hold_kv: bool = False
+    """Keep its KV pages held when it finishes, until released (a disaggregated prefill)."""
 
     @property
     def num_tokens(self) -> int:
