@@ -171,7 +171,9 @@ class TestValidation:
         ("jit_env", "explicit", "expected"),
         [
             (None, None, False),  # 2 query heads per kv head: FlashInfer's CUDA-core decode
-            ("0", None, False),
+            ("", None, False),  # empty: FlashInfer compiles (its test is `if os.environ.get(...)`)
+            ("0", None, True),  # any other value disables FlashInfer's JIT, "0" and "false" too
+            ("false", None, True),
             ("1", None, True),  # JIT disabled (the offline bundle): tensor cores, whose module is prebuilt
             ("1", False, False),  # an explicit choice stands
             (None, True, True),
@@ -252,33 +254,44 @@ class TestHarness:
             rel_tol=2e-2,
         )
         assert not report.passed
-        assert report.unexplained_mismatches > 0
+        assert report.max_rel_logit_diff > 10 * report.rel_tol  # the logits fail; any token may then differ
 
     def test_lockstep_report_counts_near_ties(self) -> None:
-        """A token may differ only where the reference's top-two margin is within tie_margin; both are counted."""
+        """A token may differ only where the reference's top-two margin is within twice the row's deviation."""
         from phasesched import StepResult  # noqa: PLC0415
         from phasesched_torch import StepLogits  # noqa: PLC0415
 
         plan = synthetic_plan([5, 6, 7], [1, 1, 1], [[0, 1], [2, 3], [4, 5]], page_size=4)
         ids = ("s0", "s1", "s2")
-        # Row 0: a near tie (margin 0.01 of the scale 1.0 <= 0.02), tokens differ: allowed.
-        # Row 1: a near tie whose tokens agree. Row 2: a clear winner (margin 0.5), tokens differ.
+        # Every row moves by 0.006: margins up to 0.012 are near ties.
+        # Row 0: margin 0.01, tokens differ: allowed. Row 1: margin 0.005, tokens agree.
+        # Row 2: a clear winner (margin 0.5), tokens differ: unexplained.
         ref = torch.tensor([[1.0, 0.99, 0.0], [1.0, 0.995, 0.0], [1.0, 0.5, 0.0]])
+        cand = ref + torch.tensor([[-0.006, 0.006, 0.0]])
         report = LockstepReport(rel_tol=1e-2)
-        assert report.tie_margin == pytest.approx(2e-2)
 
         def add(tokens: list[int]) -> None:
             """One step whose reference samples token 0 everywhere and the other sampled ``tokens``."""
             results = (StepResult(0, np.array([0, 0, 0])), StepResult(0, np.array(tokens)))
-            report.add(plan, StepLogits(0, ids, ref), StepLogits(0, ids, ref.clone()), results)
+            report.add(plan, StepLogits(0, ids, ref), StepLogits(0, ids, cand), results)
 
         add([1, 0, 0])
         assert (report.sampled_tokens, report.near_ties, report.token_mismatches) == (3, 2, 1)
         assert (report.near_tie_mismatches, report.unexplained_mismatches) == (1, 0)
+        assert report.near_tie_share == pytest.approx(2 / 3)
         assert report.passed
         add([0, 0, 1])
         assert (report.token_mismatches, report.near_tie_mismatches, report.unexplained_mismatches) == (2, 1, 1)
         assert not report.passed
+
+    def test_counts_where_decode_only_steps_start(self) -> None:
+        """The report says when the first decode-only step came and how short its context was."""
+        report = LockstepReport(rel_tol=1.0)
+        report._count_step(synthetic_plan([0, 0], [5, 3], [[0, 1], [2]], page_size=4))
+        report._count_step(synthetic_plan([5, 3], [1, 1], [[0, 1], [2]], page_size=4))
+        assert (report.steps, report.decode_only_steps, report.first_decode_only_step) == (2, 1, 1)
+        assert report.min_decode_context == 4
+        assert report.mixed_steps == 0
 
     def test_attention_kernel_check(self) -> None:
         """The kernel comparison runs both wrappers on its batches (the stand-in is the reference)."""
@@ -292,9 +305,11 @@ class TestHarness:
         executor = fake_executor(LlamaModel.random(CPU_MODEL, dtype=torch.bfloat16), num_pages=64, page_size=4)
         timing = time_decode(executor, batch_size=3, context=30, repeats=2, warmup=1)
         assert (timing.batch_size, timing.context, timing.graph_step_s) == (3, 30, None)
-        for value in (timing.step_s, timing.prepare_s, timing.forward_s, timing.attention_s, timing.rope_append_s):
-            assert 0 < value < 60
-        assert 0 < timing.attention_fraction < 1
+        parts = (timing.step_s, timing.prepare_s, timing.forward_s, timing.attention_s, timing.rope_append_s)
+        assert all(isinstance(value, float) and value > 0 for value in parts)
+        # Wall-clock medians of separate runs need not add up, so no inequality between them is
+        # asserted (issue 10); the fraction is exactly the quotient of the two measured fields.
+        assert timing.attention_fraction == timing.attention_s / timing.step_s
 
     def test_decode_plan_is_valid(self) -> None:
         """The synthetic decode plan passes the plan's own consistency checks."""

@@ -47,9 +47,12 @@ _GQA_TENSOR_CORE_GROUP = 4
 def jit_disabled() -> bool:
     """Whether ``FLASHINFER_DISABLE_JIT`` forbids FlashInfer to compile kernels (only prebuilt ones load).
 
-    Any value but empty, ``0``, ``false``, ``no`` or ``off`` counts; the offline GPU check sets ``1``.
+    Exactly FlashInfer's own test (0.7.2, ``flashinfer/jit/core.py``, ``JitSpec.build``:
+    ``if os.environ.get("FLASHINFER_DISABLE_JIT"): raise MissingJITCacheError``): any non-empty
+    value disables it, ``0`` and ``false`` included; unset or empty leaves it on. The offline
+    GPU check sets ``1``.
     """
-    return os.environ.get("FLASHINFER_DISABLE_JIT", "").strip().lower() not in {"", "0", "false", "no", "off"}
+    return bool(os.environ.get("FLASHINFER_DISABLE_JIT"))
 
 
 def check_model(model: LlamaModel, *, needs_cuda: bool) -> None:
