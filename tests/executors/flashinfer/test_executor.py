@@ -29,13 +29,8 @@ from phasesched_flashinfer import (  # noqa: E402
     load_flashinfer,
     step_metadata,
 )
-from phasesched_flashinfer._check import (  # noqa: E402
-    LockstepReport,
-    attention_kernel_check,
-    decode_plan,
-    lockstep_compare,
-    time_decode,
-)
+from phasesched_flashinfer._check import LockstepReport, attention_kernel_check, lockstep_compare  # noqa: E402
+from phasesched_flashinfer._timing import decode_plan, time_decode  # noqa: E402
 from phasesched_torch import LlamaModel, PlanNotExecutableError, TorchExecutor, UnsupportedConfigError  # noqa: E402
 from tests.executors.flashinfer import fake_flashinfer  # noqa: E402
 from tests.executors.flashinfer.helpers import (  # noqa: E402
@@ -354,6 +349,6 @@ class TestPackaging:
 
     def test_doctests(self) -> None:
         """The package's docstring examples (if any) run."""
-        for module in ("_attention", "_check", "_executor", "_graphs", "_kernels", "_metadata"):
+        for module in ("_attention", "_check", "_executor", "_graphs", "_kernels", "_metadata", "_planted", "_timing"):
             result = doctest.testmod(importlib.import_module(f"phasesched_flashinfer.{module}"))
             assert result.failed == 0, module

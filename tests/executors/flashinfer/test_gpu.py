@@ -17,7 +17,8 @@ pytest.importorskip("phasesched_flashinfer", reason="install executors/flashinfe
 import attrs  # noqa: E402
 
 from phasesched_flashinfer import FlashInferExecutor, load_flashinfer  # noqa: E402
-from phasesched_flashinfer._check import CHECK_MODEL, attention_kernel_check, decode_plan, lockstep_compare  # noqa: E402
+from phasesched_flashinfer._check import CHECK_MODEL, attention_kernel_check, lockstep_compare  # noqa: E402
+from phasesched_flashinfer._timing import decode_plan  # noqa: E402
 from phasesched_torch import Llama3RopeScaling, LlamaModel, TorchExecutor  # noqa: E402
 from tests.executors.flashinfer.helpers import chunked_policy, mixed_requests  # noqa: E402
 

@@ -8,8 +8,9 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("phasesched_flashinfer", reason="install executors/flashinfer")
 
 from phasesched_flashinfer import FlashInferExecutor, StaleGraphBufferError  # noqa: E402
-from phasesched_flashinfer._check import check_workloads, decode_plan, lockstep_compare  # noqa: E402
+from phasesched_flashinfer._check import check_workloads, lockstep_compare  # noqa: E402
 from phasesched_flashinfer._graphs import DecodeGraphs  # noqa: E402
+from phasesched_flashinfer._timing import decode_plan  # noqa: E402
 from phasesched_torch import LlamaModel  # noqa: E402
 from tests.executors.flashinfer import fake_flashinfer  # noqa: E402
 from tests.executors.flashinfer.helpers import CPU_MODEL, FAKE  # noqa: E402

@@ -16,17 +16,14 @@ a FlashInfer stand-in, and ``gpu_check/check.py`` runs them with the real kernel
   check's short contexts, rounding by about one.
 * :func:`attention_kernel_check` compares the kernels alone with the reference paged
   attention on a random mixed batch and a decode batch.
-* :func:`time_decode` times one decode step: the whole ``execute`` and, with device events,
-  the forward, the attention kernels and RoPE + KV append of every layer;
-  :func:`time_decode_step` only the whole ``execute`` (of a CUDA-graph executor, say).
+
+Step timing and its roofline accounting live in :mod:`phasesched_flashinfer._timing`.
 """
 
 from __future__ import annotations
 
 import math
-import statistics
-import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 
 import attrs
 import numpy as np
@@ -42,29 +39,21 @@ from phasesched import (
     StepResult,
     load_policy,
 )
-from phasesched.plan import build_step_plan
-from phasesched_flashinfer._attention import FlashInferAttention
-from phasesched_flashinfer._executor import FlashInferExecutor
 from phasesched_flashinfer._kernels import FlashInferKernels
 from phasesched_torch import LlamaConfig, LlamaModel, StepLogits, TorchExecutor, paged_attention
 
 __all__ = [
     "CHECK_MODEL",
     "FLOOR_FACTOR",
-    "DecodeTiming",
     "LockstepReport",
     "Workload",
     "attention_kernel_check",
     "calibrated_lockstep",
     "cast_model",
     "check_workloads",
-    "decode_plan",
-    "device_time",
     "free_running_outputs",
     "lockstep_compare",
     "rounding_floor",
-    "time_decode",
-    "time_decode_step",
 ]
 
 CHECK_MODEL = LlamaConfig(
@@ -402,151 +391,3 @@ def attention_kernel_check(  # noqa: PLR0913 -- keyword-only shapes of the rando
         want, _ = paged_attention(q, cache, qo, kvp, idx, last)
         out[f"{name}_max_abs_diff"] = float((got.float() - want.float()).abs().max())
     return out
-
-
-def decode_plan(batch_size: int, context: int, *, page_size: int, vocab_size: int, step_id: int = 0) -> StepPlan:
-    """A decode-only plan: ``batch_size`` slices whose caches hold ``context`` tokens after the step.
-
-    Slice ``i`` owns pages ``i * n .. (i + 1) * n - 1`` (``n = ceil(context / page_size)``);
-    the earlier tokens were never written, which changes no timing.
-    """
-    pages = -(-context // page_size)
-    start = np.full(batch_size, context - 1, dtype=np.int32)
-    return build_step_plan(
-        step_id=step_id,
-        request_ids=tuple(f"decode-{i}" for i in range(batch_size)),
-        slots=np.arange(batch_size, dtype=np.int32),
-        start=start,
-        num_new=np.ones(batch_size, dtype=np.int32),
-        prompt_len=start.copy(),
-        samples=np.ones(batch_size, dtype=bool),
-        kv_indptr=(np.arange(batch_size + 1) * pages).astype(np.int32),
-        kv_indices=np.arange(batch_size * pages, dtype=np.int32),
-        page_size=page_size,
-        input_ids=(np.arange(batch_size) % vocab_size).astype(np.int32),
-    )
-
-
-def device_time(fn: Callable[[], object], device: torch.device, *, repeats: int, warmup: int) -> float:
-    """Median seconds of ``fn`` on ``device``: CUDA events on a GPU, wall time elsewhere."""
-    for _ in range(warmup):
-        fn()
-    samples = []
-    for _ in range(repeats):
-        if device.type == "cuda":
-            begin = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]  # untyped in torch
-            end = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
-            begin.record()
-            fn()
-            end.record()
-            end.synchronize()
-            samples.append(float(begin.elapsed_time(end)) / 1e3)
-        else:
-            t0 = time.perf_counter()
-            fn()
-            samples.append(time.perf_counter() - t0)
-    return statistics.median(samples)
-
-
-@attrs.frozen
-class DecodeTiming:
-    """One decode step's time and where it goes (seconds, medians).
-
-    Attributes:
-        batch_size: Decode slices.
-        context: KV tokens per slice.
-        step_s: ``execute`` as it reports itself (host metadata and plan, forward, sampling).
-        prepare_s: Host time of metadata, the upload and FlashInfer's ``plan()``.
-        forward_s: Device time of the model's forward over the prepared step.
-        attention_s: Device time of the attention kernel, all layers.
-        rope_append_s: Device time of RoPE and KV append, all layers.
-        graph_step_s: ``execute`` with CUDA graphs, or ``None`` when not measured.
-
-    """
-
-    batch_size: int
-    context: int
-    step_s: float
-    prepare_s: float
-    forward_s: float
-    attention_s: float
-    rope_append_s: float
-    graph_step_s: float | None = None
-
-    @property
-    def attention_fraction(self) -> float:
-        """Share of the whole step spent in the attention kernel."""
-        return self.attention_s / self.step_s
-
-
-def _median_execute(executor: TorchExecutor, plan: StepPlan, repeats: int, warmup: int) -> float:
-    times = []
-    for i in range(warmup + repeats):
-        duration = executor.execute(plan).duration_s
-        assert duration is not None
-        if i >= warmup:
-            times.append(duration)
-    return statistics.median(times)
-
-
-def time_decode_step(
-    executor: TorchExecutor, *, batch_size: int, context: int, repeats: int = 10, warmup: int = 3
-) -> float:
-    """Median seconds ``execute`` reports for :func:`decode_plan` ``(batch_size, context)``."""
-    vocab_size = executor.model.config.vocab_size
-    plan = decode_plan(batch_size, context, page_size=executor.page_size, vocab_size=vocab_size)
-    return _median_execute(executor, plan, repeats, warmup)
-
-
-def time_decode(  # noqa: PLR0913 -- keyword-only knobs of one measurement
-    executor: FlashInferExecutor,
-    *,
-    batch_size: int,
-    context: int,
-    repeats: int = 10,
-    warmup: int = 3,
-    graph_executor: FlashInferExecutor | None = None,
-) -> DecodeTiming:
-    """Time one decode step of ``batch_size`` slices at ``context`` tokens (see :class:`DecodeTiming`)."""
-    config, device = executor.model.config, executor.model.device
-    plan = decode_plan(batch_size, context, page_size=executor.page_size, vocab_size=config.vocab_size)
-    step_s = _median_execute(executor, plan, repeats, warmup)
-    with torch.inference_mode():
-
-        def prepare() -> None:
-            executor.prepare(plan)
-            if device.type == "cuda":  # the next prepare rewrites the pinned buffer this one copies from
-                torch.cuda.synchronize(device)
-
-        prepare_s = device_time(prepare, torch.device("cpu"), repeats=repeats, warmup=warmup)
-        batch = executor.prepare(plan)
-        attention = batch.attention
-        assert isinstance(attention, FlashInferAttention)
-        forward_s = device_time(
-            lambda: executor.model.forward(batch, executor.kv_cache), device, repeats=repeats, warmup=warmup
-        )
-        shape = (batch_size, config.num_heads, config.head_dim)
-        q = torch.randn(shape, device=device).to(executor.model.dtype)
-        kv = torch.randn(batch_size, 2, config.num_kv_heads, config.head_dim, device=device).to(executor.model.dtype)
-        k, v = kv[:, 0], kv[:, 1]
-
-        def attend() -> None:
-            for cache in executor.kv_cache:
-                attention.wrapper.run(q, cache)
-
-        def rope_append() -> None:
-            for cache in executor.kv_cache:
-                attention.rope.apply(attention.kernels, q, k, attention.meta.positions)
-                m = attention.meta
-                attention.kernels.append_paged_kv_cache(
-                    k, v, m.batch_indices, m.positions, cache, m.kv_indices, m.kv_indptr, m.kv_last_page_len, "NHD"
-                )
-
-        attention_s = device_time(attend, device, repeats=repeats, warmup=warmup)
-        rope_append_s = device_time(rope_append, device, repeats=repeats, warmup=warmup)
-    graph_s = (
-        None
-        if graph_executor is None
-        else time_decode_step(graph_executor, batch_size=batch_size, context=context, repeats=repeats, warmup=warmup)
-    )
-    return DecodeTiming(batch_size, context, step_s, prepare_s, forward_s, attention_s, rope_append_s, graph_s)
