@@ -278,7 +278,7 @@ def _metadata_lines(project: Mapping[str, Any]) -> tuple[str, ...]:
     lines += [f"Requires-Dist: {req}" for req in project.get("dependencies", [])]
     for extra, requirements in project.get("optional-dependencies", {}).items():
         lines.append(f"Provides-Extra: {extra}")
-        lines += [f'Requires-Dist: {req}; extra == "{extra}"' for req in requirements]
+        lines += [f"Requires-Dist: {req}; extra == '{extra}'" for req in requirements]  # hatchling's quotes
     return tuple(lines)
 
 

@@ -230,7 +230,7 @@ Workload = tuple[Sequence[Request], SchedulingPolicy]
 
 
 def check_workloads(
-    vocab_size: int, *, chunked_prompts: Sequence[int], chunk_size: int, seed: int = 0
+    vocab_size: int, *, chunked_prompts: Sequence[int], chunk_size: int, max_new_tokens: int = 8, seed: int = 0
 ) -> list[Workload]:
     """The lockstep's two workloads: decode-only steps at once on short contexts, then chunked prefills.
 
@@ -239,12 +239,16 @@ def check_workloads(
       wrong last page, moves the output most (a long context dilutes such a bug).
     * ``chunked``: ``chunked_prompts`` split into ``chunk_size`` chunks beside the decodes of
       the earlier requests: mixed steps, chunks continuing after a cached prefix.
+
+    Every request generates ``max_new_tokens`` tokens.
     """
     rng = np.random.default_rng(seed)
 
     def requests(prefix: str, lengths: Sequence[int]) -> list[Request]:
         return [
-            Request(f"{prefix}{i}", prompt_token_ids=rng.integers(0, vocab_size, n).tolist(), max_new_tokens=8)
+            Request(
+                f"{prefix}{i}", prompt_token_ids=rng.integers(0, vocab_size, n).tolist(), max_new_tokens=max_new_tokens
+            )
             for i, n in enumerate(lengths)
         ]
 
@@ -281,13 +285,16 @@ def calibrated_lockstep(  # noqa: PLR0913 -- keyword-only knobs of one compariso
     num_pages: int,
     page_size: int,
     factor: float = FLOOR_FACTOR,
+    floor: float | None = None,
 ) -> LockstepReport:
     """Lockstep of ``candidate`` against the torch executor on ``model``, tolerance from the rounding floor.
 
     :func:`lockstep_compare` over each workload with ``rel_tol = factor *``
-    :func:`rounding_floor`, measured on the same workloads and device; the report keeps the floor.
+    :func:`rounding_floor`, measured on the same workloads and device (or ``floor``, measured
+    so before for the same model and workloads); the report keeps the floor.
     """
-    floor = rounding_floor(model, workloads, num_pages=num_pages, page_size=page_size)
+    if floor is None:
+        floor = rounding_floor(model, workloads, num_pages=num_pages, page_size=page_size)
     reference = TorchExecutor(model, num_pages=num_pages, page_size=page_size)
     report = LockstepReport(factor * floor, floor)
     for requests, policy in workloads:
