@@ -22,7 +22,7 @@
 # printed last and stored in check.json), 3 the bundle is missing, does not fit this Python, or
 # does not install.
 # Knobs (environment): PYTHON (python3), BUNDLE_DIR (<repo>/gpu_bundle), SITE_DIR (scratch
-# install target, emptied first), CHECK_TIMEOUT_S (540: hard limit on check.py), CHECK_ARGS
+# install target, emptied first), CHECK_TIMEOUT_S (390: hard limit on check.py), CHECK_ARGS
 # (extra check.py arguments, e.g. "--sections correctness").
 set -uo pipefail
 
@@ -32,7 +32,7 @@ OUT_DIR="${1:-${OUT:-$REPO/gpu_check_out}}"
 PYTHON="${PYTHON:-python3}"
 BUNDLE_DIR="${BUNDLE_DIR:-$REPO/gpu_bundle}"
 SITE_DIR="${SITE_DIR:-/tmp/phasesched-flashinfer-site}"
-CHECK_TIMEOUT_S="${CHECK_TIMEOUT_S:-540}"
+CHECK_TIMEOUT_S="${CHECK_TIMEOUT_S:-390}"
 mkdir -p "$OUT_DIR"
 LOG="$OUT_DIR/check.log"
 : > "$LOG"
