@@ -225,7 +225,7 @@ def _torch_facts(rig: Rig, problems: list[str]) -> dict[str, Any]:
         problems.append(f"torch is not importable by {sys.executable} ({type(error).__name__}: {error})")
         return {"torch": None}
     facts: dict[str, Any] = {"torch": torch.__version__, "torch_cuda": torch.version.cuda}
-    if rig.stand_in:
+    if rig.stand_in or rig.extra.get("cpu_preflight"):
         return facts | {"gpu": None}
     if not torch.cuda.is_available():
         problems.append(f"torch {torch.__version__} (CUDA {torch.version.cuda}) sees no CUDA device")
@@ -807,6 +807,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--limit-s", type=float, default=390.0, help="the hard limit run_check.sh enforces")
     parser.add_argument("--sections", nargs="+", default=list(SECTIONS), choices=SECTIONS)
     parser.add_argument("--preflight-only", action="store_true", help="stop after the environment section")
+    parser.add_argument(
+        "--cpu-preflight",
+        action="store_true",
+        help="the preflight on a CPU machine (build_bundle.sh's last step): all but the GPU itself, then stop",
+    )
     args = parser.parse_args(argv)
     out_dir = Path(args.out)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -816,6 +821,8 @@ def main(argv: list[str] | None = None) -> int:
     rig = Rig.cpu_stand_in() if manifest.get("kernels") == "stand-in" else Rig.gpu()
     if rig.stand_in:  # tiny CPU models: intra-op threads only contend
         importlib.import_module("torch").set_num_threads(1)
+    if args.cpu_preflight:
+        rig.extra["cpu_preflight"] = args.preflight_only = True
     report: dict[str, Any] = {
         "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "mode": "stand-in" if rig.stand_in else "gpu",
