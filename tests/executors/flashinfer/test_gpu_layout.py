@@ -44,9 +44,13 @@ class Layout:
         self.bundle = root / "bundle"
         self.site = root / "site"
         self.deps.mkdir(parents=True)
-        for entry in Path(sysconfig.get_paths()["purelib"]).iterdir():
-            if not entry.name.startswith(("phasesched", "_editable_impl_")) and entry.suffix != ".pth":
-                (self.deps / entry.name).symlink_to(entry)
+        sites = [Path(sysconfig.get_paths()["purelib"])]
+        sites += [Path(p) for p in sys.path if p.endswith(("site-packages", "dist-packages")) and Path(p) not in sites]
+        for site in sites:  # this venv's first, then any it sees beyond (a system torch, say)
+            for entry in site.iterdir() if site.is_dir() else ():
+                keep = not entry.name.startswith(("phasesched", "_editable_impl_")) and entry.suffix != ".pth"
+                if keep and not (self.deps / entry.name).exists():
+                    (self.deps / entry.name).symlink_to(entry)
         self.python.parent.mkdir()
         self.python.write_text(f'#!/bin/sh\nexec "{sys.executable}" -S "$@"\n')
         self.python.chmod(0o755)
