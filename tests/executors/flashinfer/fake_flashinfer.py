@@ -79,6 +79,33 @@ class _Planned:
         return out
 
 
+def flashinfer_rounding(planned: _Planned, q: torch.Tensor, cache: torch.Tensor) -> torch.Tensor:
+    """Attention with FlashInfer's fa2 rounding, for measuring what it costs against the tolerance.
+
+    As the FlashInfer notes describe the kernels: scores in float32, ``exp2`` of the
+    max-subtracted scores, the probabilities rounded to ``q``'s dtype before the PV product
+    (accumulated in float32), and the row sum (from the unrounded probabilities) divided out at
+    the end. The plain stand-in computes in float32 throughout.
+    """
+    hq, hkv, d, page = planned.heads
+    group = hq // hkv
+    qo, kvp, idx, last = (t.long() for t in (planned.qo, planned.kvp, planned.idx, planned.last))
+    out = torch.empty_like(q)
+    for b in range(len(last)):
+        q0, q1 = int(qo[b]), int(qo[b + 1])
+        pages = idx[kvp[b] : kvp[b + 1]]
+        n = (len(pages) - 1) * page + int(last[b])
+        k = cache[pages, 0].reshape(-1, hkv, d)[:n].float().repeat_interleave(group, 1)
+        v = cache[pages, 1].reshape(-1, hkv, d)[:n].float().repeat_interleave(group, 1)
+        scores = torch.einsum("qhd,khd->hqk", q[q0:q1].float(), k) / math.sqrt(d)
+        query_pos = torch.arange(q1 - q0) + (n - (q1 - q0))
+        scores = scores.masked_fill(torch.arange(n)[None, :] > query_pos[:, None], -math.inf)
+        probs = torch.exp2((scores - scores.amax(-1, keepdim=True)) * math.log2(math.e))
+        pv = torch.einsum("hqk,khd->qhd", probs.to(q.dtype).float(), v)
+        out[q0:q1] = (pv / probs.sum(-1).transpose(0, 1)[..., None]).to(q.dtype)
+    return out
+
+
 class BatchPrefillWithPagedKVCacheWrapper:
     """Fake of ``flashinfer.BatchPrefillWithPagedKVCacheWrapper`` (eager mode only)."""
 

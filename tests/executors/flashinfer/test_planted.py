@@ -17,6 +17,7 @@ from phasesched_flashinfer._check import (  # noqa: E402
 )
 from phasesched_flashinfer._planted import PLANTED_BUGS, plant  # noqa: E402
 from phasesched_torch import LlamaModel  # noqa: E402
+from tests.executors.flashinfer import fake_flashinfer  # noqa: E402
 from tests.executors.flashinfer.helpers import CPU_MODEL, FAKE  # noqa: E402
 
 NUM_PAGES, PAGE_SIZE = 64, 4
@@ -42,6 +43,14 @@ class TestCalibratedLockstep:
         assert report.rel_tol == pytest.approx(FLOOR_FACTOR * report.floor)
         assert report.max_rel_logit_diff <= report.rel_tol / 2
         assert report.near_tie_share <= 0.2, report
+
+    def test_flashinfer_rounding_stays_well_inside_the_tolerance(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        """With FlashInfer's rounding emulated (bf16 probabilities into PV) it stays under half the tolerance."""
+        monkeypatch.setattr(fake_flashinfer._Planned, "run", fake_flashinfer.flashinfer_rounding)
+        report = _run(torch.bfloat16, None)
+        assert report.passed, report
+        assert report.max_rel_logit_diff > 0
+        assert report.max_rel_logit_diff <= report.rel_tol / 2, report
 
     def test_decode_only_steps_come_first_and_short(self) -> None:
         """The workloads reach a decode-only step right after the first prefill, over caches of a few tokens."""
