@@ -352,3 +352,28 @@ class TestPackaging:
         for module in ("_attention", "_check", "_executor", "_graphs", "_kernels", "_metadata", "_planted", "_timing"):
             result = doctest.testmod(importlib.import_module(f"phasesched_flashinfer.{module}"))
             assert result.failed == 0, module
+
+
+class TestStepAccounting:
+    def test_decode_bytes_and_prefill_flops(self) -> None:
+        """Bandwidth counts every linear weight and the KV read once; FLOPs count weights per row and causal pairs."""
+        from phasesched_flashinfer._timing import StepTiming, step_accounting  # noqa: PLC0415
+
+        model = LlamaModel.random(CPU_MODEL, dtype=torch.bfloat16)
+        c = CPU_MODEL
+        layer = (c.num_heads + 2 * c.num_kv_heads) * c.head_dim * c.hidden_size  # qkv
+        layer += c.hidden_size * c.num_heads * c.head_dim + 3 * c.intermediate_size * c.hidden_size
+        linear, head = c.num_layers * layer, c.vocab_size * c.hidden_size
+        kv_per_token = 2 * c.num_layers * c.num_kv_heads * c.head_dim * 2
+        decode = StepTiming(4, 100, 4, step_s=2e-3, prepare_s=1e-4, forward_s=1e-3, attention_s=5e-4, rope_append_s=0)
+        got = step_accounting(model, decode, hbm_bytes_per_s=1e12)
+        assert got["hbm_bytes"] == (linear + head) * 2 + 4 * 100 * kv_per_token
+        assert got["hbm_utilization"] == pytest.approx(got["hbm_bytes"] / 1e-3 / 1e12)
+        assert (got["outside_kernels_s"], got["outside_kernels_share"]) == (pytest.approx(1e-3), pytest.approx(0.5))
+        prefill = StepTiming(1, 24, 16, step_s=1e-2, prepare_s=0, forward_s=1e-2, attention_s=1e-3, rope_append_s=0)
+        got = step_accounting(model, prefill, peak_flops=1e15)
+        pairs = 16 * 8 + 16 * 17 // 2  # 16 queries after 8 cached tokens, causal among themselves
+        attention = 4 * c.num_heads * c.head_dim * pairs * c.num_layers
+        assert got["flops"] == 2 * linear * 16 + 2 * head + attention
+        assert got["attention_tflops"] == pytest.approx(attention / 1e-3 / 1e12)
+        assert got["flops_utilization"] == pytest.approx(got["flops"] / 1e-2 / 1e15)
