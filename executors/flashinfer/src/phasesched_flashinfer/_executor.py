@@ -20,7 +20,7 @@ import torch
 from phasesched import StepPlan
 from phasesched_flashinfer._attention import FlashInferBackend
 from phasesched_flashinfer._errors import FlashInferUnavailableError
-from phasesched_flashinfer._graphs import DecodeGraphs
+from phasesched_flashinfer._graphs import DecodeGraphs, GraphRuntime
 from phasesched_flashinfer._kernels import FlashInferKernels, load_flashinfer
 from phasesched_flashinfer._metadata import StepMetadata, step_metadata
 from phasesched_torch import ForwardBatch, LlamaConfig, LlamaModel, TorchExecutor, UnsupportedConfigError, load_model
@@ -47,9 +47,12 @@ _GQA_TENSOR_CORE_GROUP = 4
 def jit_disabled() -> bool:
     """Whether ``FLASHINFER_DISABLE_JIT`` forbids FlashInfer to compile kernels (only prebuilt ones load).
 
-    Any value but empty, ``0``, ``false``, ``no`` or ``off`` counts; the offline GPU check sets ``1``.
+    Exactly FlashInfer's own test (0.7.2, ``flashinfer/jit/core.py``, ``JitSpec.build``:
+    ``if os.environ.get("FLASHINFER_DISABLE_JIT"): raise MissingJITCacheError``): any non-empty
+    value disables it, ``0`` and ``false`` included; unset or empty leaves it on. The offline
+    GPU check sets ``1``.
     """
-    return os.environ.get("FLASHINFER_DISABLE_JIT", "").strip().lower() not in {"", "0", "false", "no", "off"}
+    return bool(os.environ.get("FLASHINFER_DISABLE_JIT"))
 
 
 def check_model(model: LlamaModel, *, needs_cuda: bool) -> None:
@@ -98,6 +101,8 @@ class FlashInferExecutor(TorchExecutor):
             kv head, as FlashInfer recommends, and always when FlashInfer's JIT is disabled
             (see ``jit_disabled()``; the offline bundle has no CUDA-core decode module).
             ``False`` with JIT disabled needs that module prebuilt.
+        graph_runtime: Captures and replays the decode graphs; ``None``: CUDA graphs. Tests
+            pass a stand-in that enforces the graph rules on the CPU.
 
     Attributes:
         backend: Plans each step's attention; ``backend.path_counts`` counts eager steps by path.
@@ -118,6 +123,7 @@ class FlashInferExecutor(TorchExecutor):
         use_cuda_graph: bool = False,
         graph_batch_sizes: Sequence[int] = DEFAULT_GRAPH_BATCH_SIZES,
         decode_tensor_cores: bool | None = None,
+        graph_runtime: GraphRuntime | None = None,
     ) -> None:
         check_model(model, needs_cuda=kernels is None)
         if use_cuda_graph and (not graph_batch_sizes or list(graph_batch_sizes) != sorted(set(graph_batch_sizes))):
@@ -154,6 +160,7 @@ class FlashInferExecutor(TorchExecutor):
                 batch_sizes=graph_batch_sizes,
                 scratch_page=self.scratch_page,
                 max_pages=num_pages + graph_batch_sizes[-1],
+                runtime=graph_runtime,
             )
 
     def prepare(self, plan: StepPlan) -> ForwardBatch:
