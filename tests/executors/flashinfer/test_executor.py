@@ -115,6 +115,12 @@ class TestValidation:
         with pytest.raises(UnsupportedConfigError, match="head_dim 16"):
             FlashInferExecutor(LlamaModel.random(TINY, dtype=torch.bfloat16), num_pages=8, kernels=FAKE)
 
+    def test_rejects_sliding_windows(self) -> None:
+        """A Mistral window is refused when the executor is built, before any step could attend past it."""
+        config = attrs.evolve(CPU_MODEL, model_type="mistral", sliding_window=8)
+        with pytest.raises(UnsupportedConfigError, match="sliding_window=8"):
+            FlashInferExecutor(LlamaModel.random(config, dtype=torch.bfloat16), num_pages=8, kernels=FAKE)
+
     def test_real_kernels_need_a_cuda_model(self) -> None:
         """Without a stand-in, a model on the CPU is refused with FlashInferUnavailableError."""
         with pytest.raises(FlashInferUnavailableError, match="CUDA"):

@@ -59,7 +59,8 @@ def check_model(model: LlamaModel, *, needs_cuda: bool) -> None:
     """Raise unless FlashInfer's kernels can run ``model`` (before importing FlashInfer).
 
     Raises:
-        UnsupportedConfigError: The dtype or head dim has no FlashInfer kernel here.
+        UnsupportedConfigError: The dtype or head dim has no FlashInfer kernel here, or the
+            model has a sliding window (the kernels would attend past it: not planned yet).
         FlashInferUnavailableError: ``needs_cuda`` and the model is not on a CUDA device, or
             this torch has no CUDA.
 
@@ -70,6 +71,14 @@ def check_model(model: LlamaModel, *, needs_cuda: bool) -> None:
     head_dim = model.config.head_dim
     if head_dim not in SUPPORTED_HEAD_DIMS:
         msg = f"head_dim {head_dim} has no FlashInfer kernel; supported: {', '.join(map(str, SUPPORTED_HEAD_DIMS))}"
+        raise UnsupportedConfigError(msg)
+    if model.config.sliding_window is not None:
+        # FlashInfer takes window_left, but this executor does not plan with it yet (nor does the
+        # offline bundle carry windowed kernels): refuse here, not at the first step.
+        msg = (
+            f"{model.config.model_type} with sliding_window={model.config.sliding_window}: the FlashInfer "
+            "executor does not run sliding-window attention; use the torch executor"
+        )
         raise UnsupportedConfigError(msg)
     if needs_cuda and model.device.type != "cuda":
         msg = f"the FlashInfer executor runs on a CUDA device; the model is on {model.device}"
