@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import attrs
 import numpy as np
@@ -14,6 +15,7 @@ from phasesched import StepPlan, StepResult
 from phasesched.costmodel import (
     ProfiledCostModel,
     ProfileGrid,
+    ProfilePoint,
     ProfilingError,
     profile_executor,
     read_profile_csv,
@@ -48,7 +50,7 @@ class TimedExecutor:
 DEFAULT_GRID = ProfileGrid()
 
 
-def profile(executor: TimedExecutor, grid: ProfileGrid = DEFAULT_GRID, **kwargs: object):
+def profile(executor: TimedExecutor, grid: ProfileGrid = DEFAULT_GRID, **kwargs: Any) -> list[ProfilePoint]:
     return profile_executor(executor, num_pages=128, page_size=4, grid=grid, **kwargs)
 
 
