@@ -12,15 +12,17 @@ from pathlib import Path
 
 import pytest
 
-torch = pytest.importorskip("torch")
+pytest.importorskip("torch")
+import torch
+
 pytest.importorskip("phasesched_flashinfer", reason="install executors/flashinfer")
 
-import attrs  # noqa: E402
-import numpy as np  # noqa: E402
+import attrs
+import numpy as np
 
-import phasesched_flashinfer  # noqa: E402
-from phasesched import EXECUTORS, Executor, InvalidPlanError  # noqa: E402
-from phasesched_flashinfer import (  # noqa: E402
+import phasesched_flashinfer
+from phasesched import EXECUTORS, Executor, InvalidPlanError
+from phasesched_flashinfer import (
     FlashInferAttention,
     FlashInferExecutor,
     FlashInferUnavailableError,
@@ -29,11 +31,11 @@ from phasesched_flashinfer import (  # noqa: E402
     load_flashinfer,
     step_metadata,
 )
-from phasesched_flashinfer._check import LockstepReport, attention_kernel_check, lockstep_compare  # noqa: E402
-from phasesched_flashinfer._timing import decode_plan, time_decode  # noqa: E402
-from phasesched_torch import LlamaModel, PlanNotExecutableError, TorchExecutor, UnsupportedConfigError  # noqa: E402
-from tests.executors.flashinfer import fake_flashinfer  # noqa: E402
-from tests.executors.flashinfer.helpers import (  # noqa: E402
+from phasesched_flashinfer._check import LockstepReport, attention_kernel_check, lockstep_compare
+from phasesched_flashinfer._timing import decode_plan, time_decode
+from phasesched_torch import LlamaConfig, LlamaModel, PlanNotExecutableError, TorchExecutor, UnsupportedConfigError
+from tests.executors.flashinfer import fake_flashinfer
+from tests.executors.flashinfer.helpers import (
     CPU_MODEL,
     CPU_MODEL_LLAMA31,
     FAKE,
@@ -42,7 +44,7 @@ from tests.executors.flashinfer.helpers import (  # noqa: E402
     fake_executor,
     mixed_requests,
 )
-from tests.executors.torch.helpers import TINY, synthetic_plan  # noqa: E402
+from tests.executors.torch.helpers import TINY, synthetic_plan
 
 FLASHINFER_IMPORTABLE = importlib.util.find_spec("flashinfer") is not None
 
@@ -56,7 +58,7 @@ class TestAgainstTheTorchExecutor:
             (CPU_MODEL_LLAMA31, torch.bfloat16, "rope_llama31"),
         ],
     )
-    def test_lockstep_tokens_and_logits(self, config, dtype, rope_call: str) -> None:
+    def test_lockstep_tokens_and_logits(self, config: LlamaConfig, dtype: torch.dtype, rope_call: str) -> None:
         """Same plans, same weights: logits within bf16/fp16 noise, tokens equal but at near ties."""
         fake_flashinfer.CALLS.clear()
         reference, candidate = executor_pair(config, dtype, num_pages=64, page_size=4)

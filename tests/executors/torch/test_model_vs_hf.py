@@ -15,16 +15,18 @@ from pathlib import Path
 
 import pytest
 
-torch = pytest.importorskip("torch")
-transformers = pytest.importorskip("transformers")
+pytest.importorskip("torch")
+import torch
 
-import attrs  # noqa: E402
-from safetensors.torch import save_file  # noqa: E402
+pytest.importorskip("transformers")
+import attrs
+import transformers
+from safetensors.torch import save_file
 
-from phasesched import PolicyOptions, SchedulingPolicy, load_policy  # noqa: E402
-from phasesched.policies import FixedChunk, NoChunking, TokenBudget  # noqa: E402
-from phasesched_torch import Llama3RopeScaling, LlamaConfig, create_executor, rope_inv_freq  # noqa: E402
-from tests.executors.torch.helpers import TINY, EngineRun, make_requests, random_prompts, run_engine  # noqa: E402
+from phasesched import PolicyOptions, SchedulingPolicy, load_policy
+from phasesched.policies import FixedChunk, NoChunking, TokenBudget
+from phasesched_torch import Llama3RopeScaling, LlamaConfig, create_executor, rope_inv_freq
+from tests.executors.torch.helpers import TINY, EngineRun, make_requests, random_prompts, run_engine
 
 LLAMA3_TIED = LlamaConfig(
     vocab_size=384,
