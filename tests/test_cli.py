@@ -8,6 +8,7 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import attrs
 import numpy as np
@@ -36,8 +37,9 @@ def command(*args: str, timeout: float = 300) -> subprocess.CompletedProcess[str
     return subprocess.run([*argv, *args], capture_output=True, text=True, timeout=timeout, check=False)
 
 
-def results(folder: Path) -> dict:
-    return json.loads((folder / "results.json").read_text())
+def results(folder: Path) -> dict[str, Any]:
+    data: dict[str, Any] = json.loads((folder / "results.json").read_text())
+    return data
 
 
 def assert_pngs(folder: Path, names: list[str]) -> None:

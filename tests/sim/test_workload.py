@@ -8,7 +8,7 @@ import math
 import time
 import tracemalloc
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 import attrs
 import numpy as np
@@ -62,7 +62,11 @@ class TestWorkload:
         w = Workload("w", source, [5, 6], [1, 2])
         source[1] = 99.0
         assert w.arrival_s.tolist() == [0.0, 1.0]
-        assert (w.arrival_s.dtype, w.prompt_len.dtype, w.output_len.dtype) == (np.float64, np.int64, np.int64)
+        assert (w.arrival_s.dtype, w.prompt_len.dtype, w.output_len.dtype) == (
+            np.dtype(np.float64),
+            np.dtype(np.int64),
+            np.dtype(np.int64),
+        )
         for column in (w.arrival_s, w.prompt_len, w.output_len):
             with pytest.raises(ValueError, match="read-only"):
                 column[0] = 1
@@ -200,7 +204,8 @@ class TestRequests:
         iterator = w.requests()
         assert inspect.isgenerator(iterator)
         start = time.perf_counter()
-        first = list(itertools.islice(iterator, 3))
+        # isgenerator() narrows the iterator to a generator of object; its items are still Requests.
+        first = cast("list[Request]", list(itertools.islice(iterator, 3)))
         assert time.perf_counter() - start < 0.1
         assert [r.request_id for r in first] == ["r0", "r1", "r2"]
 
@@ -340,7 +345,9 @@ class TestSynthetic:
     @settings(max_examples=20, deadline=None)
     def test_same_seed_same_workload(self, seed: int) -> None:
         """Two builds with one seed are identical, array for array."""
-        build = lambda: synthetic(50, Gamma(2.0, 2.0), LogNormal(800, 1.0), Uniform(1, 300), seed=seed)
+        build: Callable[[], Workload] = lambda: synthetic(
+            50, Gamma(2.0, 2.0), LogNormal(800, 1.0), Uniform(1, 300), seed=seed
+        )
         a, b = build(), build()
         for column in ("arrival_s", "prompt_len", "output_len"):
             np.testing.assert_array_equal(getattr(a, column), getattr(b, column))
@@ -420,7 +427,7 @@ class TestClosedLoop:
         p2, o2 = attrs.evolve(spec).lengths()
         np.testing.assert_array_equal(p1, p2)
         np.testing.assert_array_equal(o1, o2)
-        assert (p1.shape, p1.dtype, o1.dtype) == ((500,), np.int64, np.int64)
+        assert (p1.shape, p1.dtype, o1.dtype) == ((500,), np.dtype(np.int64), np.dtype(np.int64))
         p3, _ = attrs.evolve(spec, seed=4).lengths()
         assert not np.array_equal(p1, p3)
 
@@ -442,7 +449,7 @@ class TestClosedLoop:
         "kwargs",
         [{"concurrency": 0}, {"num_requests": 0}, {"think_time_s": -1.0}, {"think_time_s": math.inf}, {"seed": -1}],
     )
-    def test_rejects_bad_parameters(self, kwargs: dict[str, float]) -> None:
+    def test_rejects_bad_parameters(self, kwargs: dict[str, Any]) -> None:
         """Concurrency and request counts are positive; think time finite and >= 0."""
         base = {"concurrency": 1, "num_requests": 1, "prompt": 1, "output": 1}
         with pytest.raises(ValueError):

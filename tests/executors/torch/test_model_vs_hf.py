@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import functools
 from pathlib import Path
+from typing import cast
 
 import pytest
 
@@ -80,7 +81,10 @@ def hf_model(config: LlamaConfig, seed: int = 0) -> transformers.PreTrainedModel
         pad_token_id=0,
     )
     torch.manual_seed(seed)
-    model = transformers.AutoModelForCausalLM.from_config(hf_config, attn_implementation="eager").eval()
+    # transformers leaves from_config() and PreTrainedModel.eval() unannotated.
+    model: transformers.PreTrainedModel = transformers.AutoModelForCausalLM.from_config(  # type: ignore[no-untyped-call]
+        hf_config, attn_implementation="eager"
+    ).eval()
     gen = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for name, param in model.named_parameters():
@@ -100,7 +104,7 @@ def generate_reference(model: transformers.PreTrainedModel, prompts: list[list[i
     tokens, logits = [], []
     with torch.no_grad():
         for prompt in prompts:
-            out = model.generate(
+            out = cast("transformers.GenerationMixin", model).generate(  # *ForCausalLM mixes generate() in
                 torch.tensor([prompt]),
                 max_new_tokens=MAX_NEW,
                 do_sample=False,
@@ -230,7 +234,8 @@ class TestOtherArchitectures:
             state["lm_head.weight"] = torch.randn(head.shape, generator=torch.Generator().manual_seed(3)) * 0.2
         save_file(state, tmp_path / "model.safetensors", metadata={"format": "pt"})
         model.config.save_pretrained(tmp_path)
-        hf = transformers.AutoModelForCausalLM.from_pretrained(tmp_path, attn_implementation="eager").eval()
+        hf = transformers.AutoModelForCausalLM.from_pretrained(tmp_path, attn_implementation="eager")
+        hf.eval()  # type: ignore[no-untyped-call]  # transformers leaves PreTrainedModel.eval() unannotated
         assert torch.equal(hf.lm_head.weight, state["lm_head.weight"]), "transformers no longer keeps the head"
         prompts = random_prompts(PROMPT_LENGTHS, config.vocab_size, seed=1)
         executor = create_executor(model=tmp_path, num_pages=64, page_size=4)
