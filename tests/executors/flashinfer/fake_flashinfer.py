@@ -18,10 +18,11 @@ from typing import Any
 
 import pytest
 
-torch = pytest.importorskip("torch")
+pytest.importorskip("torch")
+import torch
 
-from phasesched_flashinfer._graphs import buffer_addresses, check_addresses  # noqa: E402
-from phasesched_torch import paged_attention  # noqa: E402
+from phasesched_flashinfer._graphs import buffer_addresses, check_addresses
+from phasesched_torch import paged_attention
 
 CALLS: Counter[str] = Counter()
 """Calls by name, across every fake wrapper (reset it in a test before counting)."""

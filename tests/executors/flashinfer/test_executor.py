@@ -12,15 +12,17 @@ from pathlib import Path
 
 import pytest
 
-torch = pytest.importorskip("torch")
+pytest.importorskip("torch")
+import torch
+
 pytest.importorskip("phasesched_flashinfer", reason="install executors/flashinfer")
 
-import attrs  # noqa: E402
-import numpy as np  # noqa: E402
+import attrs
+import numpy as np
 
-import phasesched_flashinfer  # noqa: E402
-from phasesched import EXECUTORS, Executor, InvalidPlanError  # noqa: E402
-from phasesched_flashinfer import (  # noqa: E402
+import phasesched_flashinfer
+from phasesched import EXECUTORS, Executor, InvalidPlanError
+from phasesched_flashinfer import (
     FlashInferAttention,
     FlashInferExecutor,
     FlashInferUnavailableError,
@@ -29,11 +31,11 @@ from phasesched_flashinfer import (  # noqa: E402
     load_flashinfer,
     step_metadata,
 )
-from phasesched_flashinfer._check import LockstepReport, attention_kernel_check, lockstep_compare  # noqa: E402
-from phasesched_flashinfer._timing import decode_plan, time_decode  # noqa: E402
-from phasesched_torch import LlamaModel, PlanNotExecutableError, TorchExecutor, UnsupportedConfigError  # noqa: E402
-from tests.executors.flashinfer import fake_flashinfer  # noqa: E402
-from tests.executors.flashinfer.helpers import (  # noqa: E402
+from phasesched_flashinfer._check import LockstepReport, attention_kernel_check, lockstep_compare
+from phasesched_flashinfer._timing import decode_plan, time_decode
+from phasesched_torch import LlamaConfig, LlamaModel, PlanNotExecutableError, TorchExecutor, UnsupportedConfigError
+from tests.executors.flashinfer import fake_flashinfer
+from tests.executors.flashinfer.helpers import (
     CPU_MODEL,
     CPU_MODEL_LLAMA31,
     FAKE,
@@ -42,7 +44,7 @@ from tests.executors.flashinfer.helpers import (  # noqa: E402
     fake_executor,
     mixed_requests,
 )
-from tests.executors.torch.helpers import TINY, synthetic_plan  # noqa: E402
+from tests.executors.torch.helpers import TINY, synthetic_plan
 
 FLASHINFER_IMPORTABLE = importlib.util.find_spec("flashinfer") is not None
 
@@ -56,7 +58,7 @@ class TestAgainstTheTorchExecutor:
             (CPU_MODEL_LLAMA31, torch.bfloat16, "rope_llama31"),
         ],
     )
-    def test_lockstep_tokens_and_logits(self, config, dtype, rope_call: str) -> None:
+    def test_lockstep_tokens_and_logits(self, config: LlamaConfig, dtype: torch.dtype, rope_call: str) -> None:
         """Same plans, same weights: logits within bf16/fp16 noise, tokens equal but at near ties."""
         fake_flashinfer.CALLS.clear()
         reference, candidate = executor_pair(config, dtype, num_pages=64, page_size=4)
@@ -318,6 +320,7 @@ class TestHarness:
         plan.check_layout()
         assert plan.num_decodes == 5
         assert plan.kv_len.tolist() == [33] * 5
+        assert plan.input_ids is not None
         assert np.all(plan.input_ids < 7)
 
 
@@ -375,7 +378,7 @@ class TestStepAccounting:
         got = step_accounting(model, decode, hbm_bytes_per_s=1e12)
         assert got["hbm_bytes"] == (linear + head) * 2 + 4 * 100 * kv_per_token
         assert got["hbm_utilization"] == pytest.approx(got["hbm_bytes"] / 1e-3 / 1e12)
-        assert (got["outside_kernels_s"], got["outside_kernels_share"]) == (pytest.approx(1e-3), pytest.approx(0.5))
+        assert (got["outside_kernels_s"], got["outside_kernels_share"]) == pytest.approx((1e-3, 0.5))
         prefill = StepTiming(1, 24, 16, step_s=1e-2, prepare_s=0, forward_s=1e-2, attention_s=1e-3, rope_append_s=0)
         got = step_accounting(model, prefill, peak_flops=1e15)
         pairs = 16 * 8 + 16 * 17 // 2  # 16 queries after 8 cached tokens, causal among themselves

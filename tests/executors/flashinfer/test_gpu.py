@@ -11,23 +11,25 @@ import importlib.util
 
 import pytest
 
-torch = pytest.importorskip("torch")
+pytest.importorskip("torch")
+import torch
+
 pytest.importorskip("phasesched_flashinfer", reason="install executors/flashinfer")
 
-import attrs  # noqa: E402
+import attrs
 
-from phasesched_flashinfer import FlashInferExecutor, load_flashinfer  # noqa: E402
-from phasesched_flashinfer._check import (  # noqa: E402
+from phasesched_flashinfer import FlashInferExecutor, load_flashinfer
+from phasesched_flashinfer._check import (
     CHECK_MODEL,
     attention_kernel_check,
     calibrated_lockstep,
     check_workloads,
     lockstep_compare,
 )
-from phasesched_flashinfer._planted import PLANTED_BUGS, plant  # noqa: E402
-from phasesched_flashinfer._timing import decode_plan  # noqa: E402
-from phasesched_torch import Llama3RopeScaling, LlamaConfig, LlamaModel, TorchExecutor  # noqa: E402
-from tests.executors.flashinfer.helpers import chunked_policy, mixed_requests  # noqa: E402
+from phasesched_flashinfer._planted import PLANTED_BUGS, plant
+from phasesched_flashinfer._timing import decode_plan
+from phasesched_torch import Llama3RopeScaling, LlamaConfig, LlamaModel, TorchExecutor
+from tests.executors.flashinfer.helpers import chunked_policy, mixed_requests
 
 pytestmark = [
     pytest.mark.gpu,

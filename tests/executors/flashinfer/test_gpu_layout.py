@@ -19,6 +19,7 @@ import subprocess
 import sys
 import sysconfig
 import zipfile
+from collections.abc import Iterable
 from pathlib import Path
 from types import ModuleType
 
@@ -149,7 +150,7 @@ class TestInstall:
             assert _requirements(requires) == _requirements(installed.requires or ())
 
 
-def _requirements(lines: set[str] | list[str]) -> set[str]:
+def _requirements(lines: Iterable[str]) -> set[str]:
     """Requirements in one spelling (packaging's), whatever the writer's order of specifiers and quotes."""
     from packaging.requirements import Requirement  # noqa: PLC0415
 

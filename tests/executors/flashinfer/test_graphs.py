@@ -4,17 +4,19 @@ from __future__ import annotations
 
 import pytest
 
-torch = pytest.importorskip("torch")
+pytest.importorskip("torch")
+import torch
+
 pytest.importorskip("phasesched_flashinfer", reason="install executors/flashinfer")
 
-from phasesched_flashinfer import FlashInferExecutor, StaleGraphBufferError  # noqa: E402
-from phasesched_flashinfer._check import check_workloads, lockstep_compare  # noqa: E402
-from phasesched_flashinfer._graphs import DecodeGraphs  # noqa: E402
-from phasesched_flashinfer._timing import decode_plan  # noqa: E402
-from phasesched_torch import LlamaModel  # noqa: E402
-from tests.executors.flashinfer import fake_flashinfer  # noqa: E402
-from tests.executors.flashinfer.helpers import CPU_MODEL, FAKE  # noqa: E402
-from tests.executors.torch.helpers import synthetic_plan  # noqa: E402
+from phasesched_flashinfer import FlashInferExecutor, StaleGraphBufferError
+from phasesched_flashinfer._check import check_workloads, lockstep_compare
+from phasesched_flashinfer._graphs import DecodeGraphs
+from phasesched_flashinfer._timing import decode_plan
+from phasesched_torch import LlamaModel
+from tests.executors.flashinfer import fake_flashinfer
+from tests.executors.flashinfer.helpers import CPU_MODEL, FAKE
+from tests.executors.torch.helpers import synthetic_plan
 
 NUM_PAGES, PAGE_SIZE = 64, 4
 BUCKETS = (1, 2, 4, 8)

@@ -4,21 +4,23 @@ from __future__ import annotations
 
 import pytest
 
-torch = pytest.importorskip("torch")
+pytest.importorskip("torch")
+import torch
+
 pytest.importorskip("phasesched_flashinfer", reason="install executors/flashinfer")
 
-from phasesched_flashinfer import FlashInferExecutor  # noqa: E402
-from phasesched_flashinfer._check import (  # noqa: E402
+from phasesched_flashinfer import FlashInferExecutor
+from phasesched_flashinfer._check import (
     FLOOR_FACTOR,
     LockstepReport,
     calibrated_lockstep,
     cast_model,
     check_workloads,
 )
-from phasesched_flashinfer._planted import PLANTED_BUGS, plant  # noqa: E402
-from phasesched_torch import LlamaModel  # noqa: E402
-from tests.executors.flashinfer import fake_flashinfer  # noqa: E402
-from tests.executors.flashinfer.helpers import CPU_MODEL, FAKE  # noqa: E402
+from phasesched_flashinfer._planted import PLANTED_BUGS, plant
+from phasesched_torch import LlamaModel
+from tests.executors.flashinfer import fake_flashinfer
+from tests.executors.flashinfer.helpers import CPU_MODEL, FAKE
 
 NUM_PAGES, PAGE_SIZE = 64, 4
 
