@@ -32,6 +32,8 @@ from vllm.v1.request import Request, RequestStatus
 
 import phasesched
 from phasesched.hosting import ArrayView, propose
+from phasesched.policies import ChunkContext, PrefillCandidate
+from phasesched.policies.builder import checked_chunk
 from phasesched.waiting import WaitingCandidate
 from phasesched_vllm._config import AdapterConfig, policy_from_vllm
 
@@ -69,6 +71,7 @@ class PhaseschedScheduler(Scheduler):
             max_num_batched_tokens=self.max_num_scheduled_tokens,
             max_num_seqs=min(self.max_num_running_reqs, self.max_num_active_reqs),
         )
+        self._refuse_unservable()
         self._ps_requests: dict[str, phasesched.Request] = {}
         manager = self.kv_cache_manager.coordinator.single_type_managers[0]
         self._req_to_blocks: dict[str, list[Any]] = manager.req_to_blocks
@@ -99,6 +102,18 @@ class PhaseschedScheduler(Scheduler):
             msg = f"PhaseschedScheduler does not schedule request {request.request_id!r}: multimodal, LoRA or streaming"
             raise NotImplementedError(msg)
         super().add_request(request)
+
+    def _refuse_unservable(self) -> None:
+        """A policy that could never start a prompt of ``max_model_len`` tokens would leave it waiting forever."""
+        policy = self.phasesched_policy
+        longest = phasesched.Request("max-model-len", prompt_len=self.max_model_len)
+        empty = ChunkContext(policy.budget.max_num_batched_tokens, (), np.empty(0, np.int64), np.empty(0, np.int64))
+        if checked_chunk(policy.chunker, PrefillCandidate(longest, 0, self.max_model_len, ongoing=False), empty) == 0:
+            msg = (
+                f"policy {policy.name!r} cannot start a {self.max_model_len}-token prompt under a budget of "
+                f"{policy.budget.max_num_batched_tokens} tokens: raise --max-num-batched-tokens to --max-model-len"
+            )
+            raise ValueError(msg)
 
     # ------------------------------------------------------------------ the view
     def _ps_request(self, request: Request) -> phasesched.Request:
