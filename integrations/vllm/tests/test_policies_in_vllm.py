@@ -135,6 +135,20 @@ class TestConfiguration:
         with pytest.raises(ValueError, match="cannot start"):
             _adapter("orca", Case(cases_deployment(), ()))
 
+    def test_async_scheduling_is_refused_with_the_flag_to_pass(self) -> None:
+        """vLLM turns async scheduling on by default; the adapter names the flag that turns it off."""
+        from phasesched_vllm import PhaseschedScheduler  # noqa: PLC0415
+
+        native = build_scheduler(num_blocks=64)  # vLLM's CPU platform turns async scheduling off: turn it on
+        native.vllm_config.scheduler_config.async_scheduling = True
+        with pytest.raises(NotImplementedError, match="--no-async-scheduling"):
+            PhaseschedScheduler(
+                vllm_config=native.vllm_config,
+                kv_cache_config=native.kv_cache_config,
+                structured_output_manager=native.structured_output_manager,
+                block_size=native.block_size,
+            )
+
     def test_policy_options_come_from_additional_config(self) -> None:
         """chunk_size reaches the preset: sarathi with 128-token chunks never schedules a longer slice."""
         case = Case(cases_deployment(), (RequestSpec(0, 1000, 2),))

@@ -85,7 +85,7 @@ class PhaseschedScheduler(Scheduler):
             "encoder-decoder models": self.is_encoder_decoder,
             "KV or EC connectors": self.connector is not None or self.ec_connector is not None,
             "pipeline parallelism": self.use_pp,
-            "async scheduling": bool(config.scheduler_config.async_scheduling),
+            "async scheduling (pass --no-async-scheduling)": bool(config.scheduler_config.async_scheduling),
             "a KV cache other than one full-attention group": len(self.kv_cache_config.kv_cache_groups) != 1
             or not isinstance(self.kv_cache_config.kv_cache_groups[0].kv_cache_spec, FullAttentionSpec),
             "prefix replay or prefill lookahead": self.prefix_replay_tokens > 0 or self.num_prefill_lookahead > 0,
