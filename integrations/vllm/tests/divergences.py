@@ -35,10 +35,32 @@ def _index(request_id: str) -> int:
     return int(request_id.removeprefix("r"))
 
 
+def _waiting_priority(step: int, history: Sequence[StepRecord], workload: Sequence[RequestSpec]) -> int | None:
+    """The best priority among requests that had arrived, not finished, and were not running before ``step``."""
+    finished = {r for record in history[:step] for r in record.finished}
+    started = {r for record in history[:step] for r, _ in record.scheduled}
+    preempted_last = {r for record in history[:step] for r in record.preempted}
+    waiting = [
+        spec.priority
+        for i, spec in enumerate(workload)
+        if spec.arrival_step <= step
+        and f"r{i}" not in finished
+        and (f"r{i}" not in started or f"r{i}" in preempted_last)
+    ]
+    return min(waiting, default=None)
+
+
 def classify(
-    native: StepRecord, adapted: StepRecord, workload: Sequence[RequestSpec], allowed: frozenset[Divergence]
+    native: StepRecord,
+    adapted: StepRecord,
+    workload: Sequence[RequestSpec],
+    allowed: frozenset[Divergence],
+    history: Sequence[StepRecord] = (),
 ) -> Divergence | None:
-    """The documented divergence that explains the first differing step, if one of ``allowed`` does."""
+    """The documented divergence that explains the first differing step, if one of ``allowed`` does.
+
+    ``history`` is the (common) run before that step.
+    """
     a, b = dict(native.scheduled), dict(adapted.scheduled)
     if (
         Divergence.SELF_PREEMPTION in allowed
@@ -51,15 +73,20 @@ def classify(
         return Divergence.SELF_PREEMPTION
     extra = adapted.preempted - native.preempted
     admitted = adapted.new | adapted.resumed
-    if Divergence.PREEMPT_FOR_WAITING in allowed and extra and admitted:
-        best = min(workload[_index(r)].priority for r in admitted)
-        if all(workload[_index(r)].priority > best for r in extra):
+    if Divergence.PREEMPT_FOR_WAITING in allowed and extra:
+        # The victims are outranked by a request admitted in the step or, when an ongoing
+        # prefill then took the budget (phasesched reserves seats before it counts tokens),
+        # by one still waiting.
+        best = min((workload[_index(r)].priority for r in admitted), default=None)
+        if best is None:
+            best = _waiting_priority(len(history), history, workload)
+        if best is not None and all(workload[_index(r)].priority > best for r in extra):
             return Divergence.PREEMPT_FOR_WAITING
     if Divergence.SAME_STEP_PREFIX_HIT in allowed:
         groups = [workload[_index(r)].prefix for r in native.new | native.resumed]
         shared = {g for g in groups if g and groups.count(g) > 1}
         involved = (native.new ^ adapted.new) | (native.resumed ^ adapted.resumed)
-        involved |= {r for r in a.keys() & b.keys() if a[r] != b[r]}
+        involved |= {r for r in a.keys() & b.keys() if a[r] != b[r]} | (native.finished ^ adapted.finished)
         if shared and involved and any(workload[_index(r)].prefix in shared for r in involved):
             return Divergence.SAME_STEP_PREFIX_HIT
     return None

@@ -12,7 +12,7 @@ end and how many stopped at which divergence.
 from __future__ import annotations
 
 import os
-from typing import Any
+from typing import Any, Literal
 
 import attrs
 from hypothesis import HealthCheck, given, settings
@@ -20,7 +20,7 @@ from hypothesis import HealthCheck, given, settings
 from divergences import Divergence, classify
 from outcomes import OUTCOMES
 from phasesched import POLICIES, PolicyOptions, SchedulingPolicy
-from phasesched.policies import PreemptionPolicy, presets
+from phasesched.policies import LowestPriority, PreemptionPolicy, presets
 from phasesched_vllm.testing import StepRecord, build_scheduler, first_difference, run
 from strategies import Case, cases
 
@@ -32,7 +32,9 @@ SETTINGS = settings(
 )
 
 
-def _runs(case: Case, *, vllm_policy: str, phasesched_policy: str, **extra: Any) -> tuple[list[StepRecord], ...]:
+def _runs(
+    case: Case, *, vllm_policy: Literal["fcfs", "priority"], phasesched_policy: str, **extra: Any
+) -> tuple[list[StepRecord], list[StepRecord]]:
     d = case.deployment
     deployment: dict[str, Any] = {
         "num_blocks": d.num_blocks,
@@ -54,7 +56,7 @@ def _runs(case: Case, *, vllm_policy: str, phasesched_policy: str, **extra: Any)
 
 def vllm_priority_v1(options: PolicyOptions) -> SchedulingPolicy:
     """``vllm-priority`` without preemption for waiting requests, as vLLM V1 schedules."""
-    return attrs.evolve(presets.vllm_priority(options), preemption=PreemptionPolicy(victims=presets.LowestPriority()))
+    return attrs.evolve(presets.vllm_priority(options), preemption=PreemptionPolicy(victims=LowestPriority()))
 
 
 if "test-vllm-priority-v1" not in POLICIES:
@@ -74,7 +76,7 @@ def _assert_same(
         return
     step, a, b = difference
     if a is not None and b is not None:
-        kind = classify(a, b, case.workload, allowed)
+        kind = classify(a, b, case.workload, allowed, native[:step])
         if kind is not None:
             OUTCOMES.record(test, kind.value, step)
             return

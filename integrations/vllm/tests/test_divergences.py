@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Literal
 
 from divergences import Divergence, classify
 from phasesched_vllm.testing import RequestSpec, StepRecord, build_scheduler, first_difference, run
@@ -11,7 +11,7 @@ ADAPTER = "phasesched_vllm.PhaseschedScheduler"
 
 
 def _both(
-    workload: tuple[RequestSpec, ...], policy: str, vllm_policy: str = "fcfs", **deployment: Any
+    workload: tuple[RequestSpec, ...], policy: str, vllm_policy: Literal["fcfs", "priority"] = "fcfs", **deployment: Any
 ) -> tuple[list[StepRecord], list[StepRecord]]:
     native = run(build_scheduler(policy=vllm_policy, **deployment), workload)
     config = {"phasesched": {"policy": policy}}

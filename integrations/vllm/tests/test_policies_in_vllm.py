@@ -46,7 +46,7 @@ def _adapter(policy: str, case: Case, **config: Any) -> Any:
 def observe(scheduler: Any, workload: tuple[RequestSpec, ...], max_steps: int = 5000) -> list[Observed]:
     """Every step of ``workload``, with the decode-ready requests before it and the partial prefills after it."""
     recorder = Recorder(scheduler, workload)
-    steps = []
+    steps: list[Observed] = []
     while not recorder.done:
         assert len(steps) < max_steps, "the workload did not finish (livelock)"
         decoding = frozenset(

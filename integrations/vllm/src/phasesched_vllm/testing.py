@@ -18,7 +18,7 @@ import os
 import tempfile
 from collections.abc import Iterable, Sequence
 from functools import cache
-from typing import Any
+from typing import Any, Literal
 
 import attrs
 
@@ -84,7 +84,7 @@ def build_scheduler(  # noqa: PLR0913 -- the deployment, by keyword
     block_size: int = 16,
     max_num_seqs: int = 256,
     max_num_batched_tokens: int = 8192,
-    policy: str = "fcfs",
+    policy: Literal["fcfs", "priority"] = "fcfs",
     prefix_caching: bool = False,
     scheduler_cls: str | None = None,
     additional_config: dict[str, Any] | None = None,
@@ -137,6 +137,7 @@ def build_scheduler(  # noqa: PLR0913 -- the deployment, by keyword
         kv_cache_config=kv_cache_config,
         structured_output_manager=StructuredOutputManager(vllm_config),
         block_size=block_size,
+        hash_block_size=block_size,
         log_stats=log_stats,
     )
 
