@@ -87,11 +87,11 @@ class Counter:
         return make_request(self.next, RequestSpec(0, prompt_len, max_tokens), hasher)
 
 
-def run_decode(kind: str, n: int) -> tuple[list[int], list[int]]:
+def run_decode(kind: str, n: int, policy: str) -> tuple[list[int], list[int]]:
     """Per-step schedule and update CPU ns of the steps where all ``n`` requests decode."""
     from phasesched_vllm.testing import block_hasher_for  # noqa: PLC0415
 
-    sched = scheduler(kind, n)
+    sched = scheduler(kind, n, policy=policy)
     hasher, ids = block_hasher_for(sched), Counter()
     gc.collect()
     gc.freeze()
@@ -110,13 +110,13 @@ def run_decode(kind: str, n: int) -> tuple[list[int], list[int]]:
     return schedule_ns, update_ns
 
 
-def run_mixed(kind: str, n_bg: int = 256) -> tuple[list[int], list[int]]:
+def run_mixed(kind: str, policy: str, n_bg: int = 256) -> tuple[list[int], list[int]]:
     """Per-step CPU ns of the steps that carry all ``n_bg`` decodes and a chunk of a 16K prompt."""
     from vllm.v1.request import RequestStatus  # noqa: PLC0415
 
     from phasesched_vllm.testing import block_hasher_for  # noqa: PLC0415
 
-    sched = scheduler(kind, n_bg, extra_tokens=LONG_PROMPT_LEN + MAX_TOKENS)
+    sched = scheduler(kind, n_bg, extra_tokens=LONG_PROMPT_LEN + MAX_TOKENS, policy=policy)
     hasher, ids = block_hasher_for(sched), Counter()
     gc.collect()
     gc.freeze()
@@ -149,11 +149,11 @@ def run_mixed(kind: str, n_bg: int = 256) -> tuple[list[int], list[int]]:
     return schedule_ns, update_ns
 
 
-def run_case(case: str, kind: str) -> tuple[list[int], list[int]]:
+def run_case(case: str, kind: str, policy: str) -> tuple[list[int], list[int]]:
     """The named case on one scheduler."""
     if case == "mixed":
-        return run_mixed(kind)
-    return run_decode(kind, int(case.removeprefix("decode-")))
+        return run_mixed(kind, policy)
+    return run_decode(kind, int(case.removeprefix("decode-")), policy)
 
 
 def median_us(values: list[int]) -> float:
@@ -166,14 +166,16 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--cases", default="decode-256,decode-1024,mixed")
     parser.add_argument("--rounds", type=int, default=2, help="alternating rounds per case (more samples)")
+    parser.add_argument("--policy", default="vllm", help="the phasesched policy the adapter runs")
     args = parser.parse_args()
+    print(f"adapter policy: {args.policy}")
     print("case          scheduler   steps  schedule_us  update_us  total_us   adapter/vLLM (total)")
     for case in args.cases.split(","):
         samples: dict[str, tuple[list[int], list[int]]] = {"vllm": ([], []), "adapter": ([], [])}
         for round_ in range(args.rounds):
             order = ("vllm", "adapter") if round_ % 2 == 0 else ("adapter", "vllm")
             for kind in order:
-                s, u = run_case(case, kind)
+                s, u = run_case(case, kind, args.policy)
                 samples[kind][0].extend(s)
                 samples[kind][1].extend(u)
         totals = {k: median_us([a + b for a, b in zip(*v, strict=True)]) for k, v in samples.items()}
