@@ -132,7 +132,8 @@ class PhaseschedScheduler(Scheduler):
     def _waiting_order(self) -> list[Request]:
         """Admissible waiting requests in the policy's queue order (ties: vLLM's queue order)."""
         order = self.phasesched_policy.queue_order
-        requests = [r for r in self.waiting if r.status in _ADMISSIBLE and r not in self.deferred_waiting]
+        # vLLM's own check promotes a request whose structured-output grammar is ready.
+        requests = [r for r in self.waiting if self._handle_blocked_waiting_request(r) and r.status in _ADMISSIBLE]
         if len(requests) > 1:
             keyed = [(order.key(self._ps_request(r)), i) for i, r in enumerate(requests)]
             keyed.sort()
@@ -276,6 +277,7 @@ class PhaseschedScheduler(Scheduler):
             if request_id in hits:
                 self.kv_cache_manager.record_prefix_cache_stats(request, num_hit)
             self.waiting.remove_request(request)
+            self.deferred_waiting.discard(request)
             self.running.append(request)
             if self.log_stats:
                 request.record_event(EngineCoreEventType.SCHEDULED, timestamp)
