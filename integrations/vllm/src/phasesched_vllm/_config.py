@@ -53,7 +53,8 @@ class AdapterConfig:
         """Read the ``"phasesched"`` key of ``VllmConfig.additional_config`` (absent: the ``vllm`` preset).
 
         Raises:
-            ValueError: The key holds something other than an object of known fields.
+            TypeError: The key holds something other than a JSON object.
+            ValueError: The object has keys other than the fields above.
 
         """
         section: object = additional.get(CONFIG_KEY, {}) if isinstance(additional, Mapping) else {}
