@@ -177,7 +177,7 @@ class PhaseschedScheduler(Scheduler):
             requests=[self._ps_request(r) for r in running],
             waiting=candidates,
             num_waiting=len(waiting),
-            now=time.monotonic(),
+            now=time.time(),  # the clock of vLLM's arrival times
             # vLLM applies its admission watermark once anything runs.
             watermark_pages=self.kv_cache_manager.watermark_blocks if running else 0,
             max_model_len=self.max_model_len,
@@ -210,22 +210,20 @@ class PhaseschedScheduler(Scheduler):
         view, hits = self._build_view()
         selection = propose(self.phasesched_policy, view)
         running = list(self.running)
-        preempted = self._apply_preemptions(selection, running, timestamp)
+        self._apply_preemptions(selection, running, timestamp)
         req_to_new_blocks: dict[str, KVCacheBlocks] = {}
         num_scheduled_tokens: dict[str, int] = {}
         scheduled_running = self._apply_running(selection, running, req_to_new_blocks, num_scheduled_tokens)
         new_reqs, resumed_reqs = self._apply_admissions(
             selection, hits, req_to_new_blocks, num_scheduled_tokens, timestamp
         )
-        del preempted
         return self._output(scheduled_running, new_reqs, resumed_reqs, num_scheduled_tokens, req_to_new_blocks)
 
-    def _apply_preemptions(self, selection: Selection, running: list[Request], timestamp: float) -> list[Request]:
-        victims = [running[slot] for slot in selection.preempted]
-        for request in victims:  # in the policy's order, which fixes their order in vLLM's waiting queue
+    def _apply_preemptions(self, selection: Selection, running: list[Request], timestamp: float) -> None:
+        for slot in selection.preempted:  # in the policy's order, which fixes their order in vLLM's waiting queue
+            request = running[slot]
             self.running.remove(request)
             self._preempt_request(request, timestamp)
-        return victims
 
     def _apply_running(
         self,
@@ -260,9 +258,20 @@ class PhaseschedScheduler(Scheduler):
     ) -> tuple[list[Request], list[Request]]:
         new_reqs: list[Request] = []
         resumed_reqs: list[Request] = []
-        for request_id, num_new in zip(selection.admitted, selection.admitted_tokens, strict=True):
-            request = self.requests[request_id]
+        tokens_left = self.phasesched_policy.budget.max_num_batched_tokens - selection.num_tokens
+        for request_id, planned in zip(selection.admitted, selection.admitted_tokens, strict=True):
+            request, num_new = self.requests[request_id], planned
             cached, num_hit = hits.get(request_id, (None, 0))
+            if request_id in hits:
+                # Look again: this step's allocations may have evicted cached blocks of the hit,
+                # whose tokens are then computed too (up to the end the policy planned, as the
+                # budget allows: they take the free blocks the plan counted for the hit), or
+                # cached more of its prefix, which leaves less to compute.
+                planned_hit = num_hit
+                cached, num_hit, _ = self.kv_cache_manager.get_computed_blocks(request)
+                lost = max(0, planned_hit - num_hit)
+                num_new = min(request.num_tokens - num_hit, planned + min(lost, tokens_left))
+                tokens_left -= max(0, num_new - planned)
             new_blocks = self.kv_cache_manager.allocate_slots(
                 request,
                 num_new,
