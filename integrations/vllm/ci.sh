@@ -6,7 +6,7 @@
 # (the recipe of shared/peers/vllm_sched/setup_venv.sh, copied here), the tests a few more.
 #
 #   ROOT=/tmp/vllm-peer bash integrations/vllm/ci.sh    # reuse a venv built there before
-#   PHASESCHED_VLLM_EXAMPLES=200 bash integrations/vllm/ci.sh    # more generated workloads
+#   PHASESCHED_VLLM_EXAMPLES=500 bash integrations/vllm/ci.sh    # more generated workloads
 set -euo pipefail
 HERE="$(cd "$(dirname "$0")" && pwd)"
 REPO="$(cd "$HERE/../.." && pwd)"
@@ -30,5 +30,5 @@ fi
 
 cd "$HERE"
 "$VENV/bin/python" -m mypy src/phasesched_vllm tests benchmarks
-export PHASESCHED_VLLM_EXAMPLES="${PHASESCHED_VLLM_EXAMPLES:-100}"
+export PHASESCHED_VLLM_EXAMPLES="${PHASESCHED_VLLM_EXAMPLES:-200}"  # per property: about 1,300 workloads, 2 minutes
 "$VENV/bin/python" -m pytest -q -p no:logging -p no:cacheprovider tests

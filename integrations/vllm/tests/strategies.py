@@ -39,11 +39,17 @@ def cases(
     max_tokens: int = 24,
     priorities: bool = False,
     prefixes: bool = False,
+    budgets: tuple[int, ...] = (32, 64, 128, 512),
+    seqs: tuple[int, ...] = (2, 3, 8, 32),
 ) -> Case:
-    """A small deployment and a workload that often chunks prompts and, when KV is tight, preempts."""
+    """A deployment and a workload that often chunks prompts and, when KV is tight, preempts.
+
+    The defaults are small (tight budgets and sequence caps, so every step is contended);
+    ``budgets`` and ``seqs`` give larger deployments.
+    """
     block_size = draw(st.sampled_from([4, 16]))
-    budget = draw(st.sampled_from([32, 64, 128, 512]))
-    max_num_seqs = draw(st.sampled_from([2, 3, 8, 32]))
+    budget = draw(st.sampled_from(budgets))
+    max_num_seqs = draw(st.sampled_from([s for s in seqs if s <= budget]))
     specs = draw(
         st.lists(
             st.builds(

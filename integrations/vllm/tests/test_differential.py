@@ -95,6 +95,12 @@ class TestVllmPreset:
         _assert_same(*_runs(case, vllm_policy="fcfs", phasesched_policy="vllm"), case, "vllm")
 
     @SETTINGS
+    @given(cases(max_requests=24, max_prompt=3000, max_tokens=64, budgets=(512, 2048, 8192), seqs=(16, 64, 256)))
+    def test_fcfs_on_larger_deployments_matches_every_step(self, case: Case) -> None:
+        """Larger budgets, sequence caps, prompts and batches: every step is still vLLM's."""
+        _assert_same(*_runs(case, vllm_policy="fcfs", phasesched_policy="vllm"), case, "vllm (larger)")
+
+    @SETTINGS
     @given(cases(prefixes=True))
     def test_fcfs_with_prefix_caching_matches_every_step(self, case: Case) -> None:
         """With prefix caching on and shared prompt prefixes, every step is still vLLM's."""
