@@ -295,3 +295,10 @@ def _check_admitted(selection: Selection, view: PolicyView) -> int:
 def _require(ok: bool, message: str) -> None:
     if not ok:
         raise InvalidPlanError(message)
+
+
+if TYPE_CHECKING:
+
+    def _both_views_are_policy_views(native: SchedulerView, foreign: ArrayView) -> tuple[PolicyView, PolicyView]:
+        """Never called: mypy checks here that both views implement the protocol."""
+        return native, foreign
