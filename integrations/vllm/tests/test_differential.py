@@ -136,3 +136,29 @@ class TestVllmPriorityPreset:
             "vllm-priority minus preempt-for-waiting",
             frozenset({Divergence.SELF_PREEMPTION}),
         )
+
+
+class TestPauseStates:
+    def test_pausing_new_requests_and_all_requests_matches_vllm(self) -> None:
+        """PAUSED_NEW admits nobody but runs the running; PAUSED_ALL runs nothing; both as vLLM does."""
+        from vllm.v1.core.sched.interface import PauseState  # noqa: PLC0415
+
+        from phasesched_vllm.testing import Recorder, RequestSpec  # noqa: PLC0415
+
+        workload = (RequestSpec(0, 40, 12), RequestSpec(1, 300, 6), RequestSpec(3, 20, 4), RequestSpec(5, 70, 3))
+        pauses = {2: PauseState.PAUSED_NEW, 6: PauseState.PAUSED_ALL, 8: PauseState.UNPAUSED}
+        runs = []
+        for scheduler_cls in (None, ADAPTER):
+            scheduler = build_scheduler(
+                num_blocks=256, max_num_seqs=8, max_num_batched_tokens=64, scheduler_cls=scheduler_cls
+            )
+            recorder = Recorder(scheduler, workload)
+            while not recorder.done:
+                if len(recorder.records) in pauses:
+                    recorder.scheduler.set_pause_state(pauses[len(recorder.records)])
+                recorder.step()
+            runs.append(recorder.records)
+        native, adapted = runs
+        assert first_difference(native, adapted) is None
+        assert native[6].scheduled == ()
+        assert not any(record.new for record in native[2:8])

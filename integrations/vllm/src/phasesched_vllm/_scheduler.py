@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from numpy.typing import NDArray
+from vllm.v1.core.sched.interface import PauseState
 from vllm.v1.core.sched.output import NewRequestData, SchedulerOutput
 from vllm.v1.core.sched.scheduler import Scheduler
 from vllm.v1.engine import EngineCoreEventType
@@ -34,6 +35,7 @@ import phasesched
 from phasesched.hosting import ArrayView, propose
 from phasesched.policies import ChunkContext, PrefillCandidate
 from phasesched.policies.builder import checked_chunk
+from phasesched.selection import Selection
 from phasesched.waiting import WaitingCandidate
 from phasesched_vllm._config import AdapterConfig, policy_from_vllm
 
@@ -41,7 +43,6 @@ if TYPE_CHECKING:
     from vllm.v1.core.kv_cache_manager import KVCacheBlocks
 
     from phasesched import SchedulingPolicy
-    from phasesched.selection import Selection
 
 __all__ = ["PhaseschedScheduler"]
 
@@ -145,7 +146,7 @@ class PhaseschedScheduler(Scheduler):
         n = len(running)
         blocks = self._req_to_blocks
         hits: dict[str, tuple[KVCacheBlocks, int]] = {}
-        waiting = self._waiting_order()
+        waiting = self._waiting_order() if self._pause_state == PauseState.UNPAUSED else []
 
         def candidates() -> Iterator[WaitingCandidate]:
             for request in waiting:
@@ -208,7 +209,10 @@ class PhaseschedScheduler(Scheduler):
         self.kv_cache_manager.new_step_starts()
         timestamp = time.monotonic()
         view, hits = self._build_view()
-        selection = propose(self.phasesched_policy, view)
+        # vLLM's pause states: PAUSED_ALL schedules nothing; PAUSED_NEW admits nobody (the view
+        # then shows no waiting request).
+        paused = self._pause_state == PauseState.PAUSED_ALL
+        selection = Selection.empty() if paused else propose(self.phasesched_policy, view)
         running = list(self.running)
         self._apply_preemptions(selection, running, timestamp)
         req_to_new_blocks: dict[str, KVCacheBlocks] = {}
