@@ -8,6 +8,7 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import attrs
 import numpy as np
@@ -36,8 +37,9 @@ def command(*args: str, timeout: float = 300) -> subprocess.CompletedProcess[str
     return subprocess.run([*argv, *args], capture_output=True, text=True, timeout=timeout, check=False)
 
 
-def results(folder: Path) -> dict:
-    return json.loads((folder / "results.json").read_text())
+def results(folder: Path) -> dict[str, Any]:
+    data: dict[str, Any] = json.loads((folder / "results.json").read_text())
+    return data
 
 
 def assert_pngs(folder: Path, names: list[str]) -> None:
@@ -46,7 +48,7 @@ def assert_pngs(folder: Path, names: list[str]) -> None:
 
 
 class TestHelp:
-    def test_help_as_a_command(self):
+    def test_help_as_a_command(self) -> None:
         """`phasesched --help` exits 0 and lists the subcommands."""
         done = command("--help", timeout=60)
         assert done.returncode == 0, done.stderr
@@ -54,19 +56,19 @@ class TestHelp:
             assert sub in done.stdout
 
     @pytest.mark.parametrize("sub", [["bench"], ["trace", "stats"], ["profile"], ["policies"]])
-    def test_help_of_each_subcommand(self, sub, capsys):
+    def test_help_of_each_subcommand(self, sub: list[str], capsys: pytest.CaptureFixture[str]) -> None:
         """Every subcommand's --help exits 0."""
         assert main([*sub, "--help"]) == 0
         assert "usage: phasesched" in capsys.readouterr().out
 
-    def test_bench_help_names_every_option(self, capsys):
+    def test_bench_help_names_every_option(self, capsys: pytest.CaptureFixture[str]) -> None:
         """bench --help documents the options the issue asks for."""
         main(["bench", "--help"])
         text = capsys.readouterr().out
         for option in ("--hardware", "--model", "--policy", "--trace", "--rate", "--output", "--cost-model", "--quick"):
             assert option in text
 
-    def test_version(self, capsys):
+    def test_version(self, capsys: pytest.CaptureFixture[str]) -> None:
         """--version prints the package version."""
         assert main(["--version"]) == 0
         assert capsys.readouterr().out.startswith("phasesched ")
@@ -85,12 +87,12 @@ class TestUsageErrors:
             ["trace"],
         ],
     )
-    def test_exit_2(self, argv, capsys):
+    def test_exit_2(self, argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
         """Malformed command lines exit with status 2 and a usage message."""
         assert main(argv) == 2
         assert "usage:" in capsys.readouterr().err
 
-    def test_unknown_policy_lists_the_known_ones(self, tmp_path, capsys):
+    def test_unknown_policy_lists_the_known_ones(self, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
         """An unknown policy fails with status 1 before any simulation, naming the known policies."""
         assert main(["bench", "mixed", "--policy", "vllm,nope", "--output", str(tmp_path / "out")]) == 1
         err = capsys.readouterr().err
@@ -99,12 +101,12 @@ class TestUsageErrors:
         assert "sarathi" in err
         assert not (tmp_path / "out").exists()
 
-    def test_unknown_hardware(self, capsys):
+    def test_unknown_hardware(self, capsys: pytest.CaptureFixture[str]) -> None:
         """An unknown hardware preset is a clear failure."""
         assert main(["bench", "--hardware", "B300", "--no-plots"]) == 1
         assert "no hardware preset named 'B300'" in capsys.readouterr().err
 
-    def test_model_that_does_not_fit(self, capsys):
+    def test_model_that_does_not_fit(self, capsys: pytest.CaptureFixture[str]) -> None:
         """Llama-3-70B on one H200 leaves no KV room: status 1, saying so."""
         assert main(["bench", "--model", "llama-3-70b", "--no-plots"]) == 1
         assert "does not fit" in capsys.readouterr().err
@@ -112,7 +114,7 @@ class TestUsageErrors:
 
 @needs_plots
 class TestBench:
-    def test_mixed_as_a_command(self, tmp_path):
+    def test_mixed_as_a_command(self, tmp_path: Path) -> None:
         """`phasesched bench mixed --output DIR` writes results.json, figures and prints the verdict."""
         out = tmp_path / "mixed"
         done = command("bench", "mixed", "--quick", "--output", str(out))
@@ -125,7 +127,7 @@ class TestBench:
         assert "Verdict:" in done.stdout
         assert "Mixed load" in done.stdout
 
-    def test_suite_in_process(self, tmp_path, capsys):
+    def test_suite_in_process(self, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
         """`bench --quick`: every suite experiment in results.json, each figure written, settings recorded."""
         assert main(["bench", "--quick", "--output", str(tmp_path), "--seed", "3"]) == 0
         data = results(tmp_path)
@@ -144,7 +146,7 @@ class TestBench:
         assert "Verdict:" in out
         assert "results.json" in out
 
-    def test_quiet_prints_only_the_verdict_and_paths(self, tmp_path, capsys):
+    def test_quiet_prints_only_the_verdict_and_paths(self, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
         """--quiet leaves out tables; the verdict and the results path remain."""
         assert main(["bench", "mixed", "--quick", "--quiet", "--no-plots", "--output", str(tmp_path)]) == 0
         out = capsys.readouterr().out
@@ -152,7 +154,7 @@ class TestBench:
         assert "Mixed load" not in out
         assert not list(tmp_path.glob("*.png"))
 
-    def test_plugin_policy_joins_mixed_load(self, tmp_path):
+    def test_plugin_policy_joins_mixed_load(self, tmp_path: Path) -> None:
         """`bench mixed --policy NAME` adds a policy found by its registered name to the comparison."""
 
         def factory(options: PolicyOptions) -> SchedulingPolicy:
@@ -180,7 +182,7 @@ class TestBench:
         assert labels[-1] == "cli-test-policy"
 
     @pytest.mark.skipif("sjf" not in POLICIES, reason="examples/custom_policy (an entry-point plugin) not installed")
-    def test_entry_point_plugin_joins_mixed_load(self, tmp_path):
+    def test_entry_point_plugin_joins_mixed_load(self, tmp_path: Path) -> None:
         """A policy installed through the phasesched.policies entry point joins the comparison too."""
         assert (
             main(["bench", "mixed", "--quick", "--no-plots", "--quiet", "--policy", "sjf", "--output", str(tmp_path)])
@@ -188,7 +190,7 @@ class TestBench:
         )
         assert "sjf" in [r["label"] for r in results(tmp_path)["experiments"]["mixed_load"]["rows"]]
 
-    def test_replay(self, tmp_path):
+    def test_replay(self, tmp_path: Path) -> None:
         """`bench replay --trace --policy a,b --rate`: a row per policy, at the requested rate, and its figure."""
         trace = tmp_path / "t.csv"
         write_trace(synthetic(30, Poisson(5.0), Uniform(32, 512), Uniform(4, 16), seed=2), trace)
@@ -218,7 +220,7 @@ class TestBench:
         assert data["verdict"] is None
         assert_pngs(out, ["replay_cdf.png"])
 
-    def test_cost_model_file_prices_the_steps(self, tmp_path):
+    def test_cost_model_file_prices_the_steps(self, tmp_path: Path) -> None:
         """--cost-model uses the profiled table: a batch prefilled in one step takes the table's price for it."""
         table = tmp_path / "profile.csv"
         assert (
@@ -283,12 +285,12 @@ class TestTraceStats:
             ("conversation_trace.jsonl", "12,031"),
         ],
     )
-    def test_shared_traces(self, name, rows, capsys):
+    def test_shared_traces(self, name: str, rows: str, capsys: pytest.CaptureFixture[str]) -> None:
         """Each staged trace's statistics table starts with its request count."""
         assert main(["trace", "stats", str(TRACES / name)]) == 0
         assert f"{rows} requests" in capsys.readouterr().out
 
-    def test_generated_csv(self, tmp_path, capsys):
+    def test_generated_csv(self, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
         """A trace written by write_trace: the table is trace_stats' and --json its values."""
         path = tmp_path / "gen.csv"
         write_trace(synthetic(200, Poisson(4.0), Uniform(10, 900), Uniform(1, 50), seed=7), path)
@@ -301,14 +303,14 @@ class TestTraceStats:
         assert data["mean_rate"] == pytest.approx(expected.mean_rate)
         assert data["prompt"]["max"] == expected.prompt.max
 
-    def test_malformed_trace(self, tmp_path, capsys):
+    def test_malformed_trace(self, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
         """A bad row fails with status 1 and names its line."""
         path = tmp_path / "bad.csv"
         path.write_text("arrival_s,prompt_len,output_len\n0.0,10,5\n0.5,ten,5\n")
         assert main(["trace", "stats", str(path)]) == 1
         assert "bad.csv:3: prompt_len is not an integer" in capsys.readouterr().err
 
-    def test_missing_file(self, tmp_path, capsys):
+    def test_missing_file(self, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
         """A missing file is status 1, not a traceback."""
         assert main(["trace", "stats", str(tmp_path / "none.csv")]) == 1
         assert "none.csv" in capsys.readouterr().err
@@ -317,7 +319,7 @@ class TestTraceStats:
 class TestProfile:
     GRID = ("--prefill-tokens", "0,16", "--prefill-prefix", "0", "--decode-seqs", "0,1", "--decode-context", "16")
 
-    def test_torch_executor(self, tmp_path):
+    def test_torch_executor(self, tmp_path: Path) -> None:
         """`profile --executor torch` writes a CSV with metadata that ProfiledCostModel reads."""
         pytest.importorskip("torch")
         pytest.importorskip("phasesched_torch")
@@ -352,7 +354,7 @@ class TestProfile:
         assert all(p.step_time_s > 0 for p in points if p.prefill_tokens or p.decode_seqs)
         ProfiledCostModel.from_csv(path)
 
-    def test_simulated_executor_matches_its_roofline(self, tmp_path):
+    def test_simulated_executor_matches_its_roofline(self, tmp_path: Path) -> None:
         """Profiling the sim executor measures exactly its roofline's step times."""
         path = tmp_path / "sim.csv"
         assert (
@@ -379,25 +381,25 @@ class TestProfile:
         lone_decode = next(p for p in points if p.decode_seqs == 1 and p.prefill_tokens == 0)
         assert lone_decode.step_time_s == pytest.approx(roofline.step_time(np.array([1]), np.array([16])))
 
-    def test_option_the_executor_does_not_take(self, tmp_path, capsys):
+    def test_option_the_executor_does_not_take(self, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
         """An option the factory does not accept is refused, naming what it does take."""
         assert main(["profile", "--executor", "sim", "--device", "cuda", "--output", str(tmp_path / "x.csv")]) == 1
         err = capsys.readouterr().err
         assert "does not take device" in err
         assert "hardware" in err
 
-    def test_executor_without_timing(self, tmp_path, capsys):
+    def test_executor_without_timing(self, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
         """The deterministic executor makes no timing claim, so it cannot be profiled."""
         assert main(["profile", "--executor", "deterministic", "--output", str(tmp_path / "x.csv")]) == 1
         assert "duration_s=None" in capsys.readouterr().err
 
-    def test_unknown_executor(self, tmp_path, capsys):
+    def test_unknown_executor(self, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
         """An unknown executor lists the registered ones."""
         assert main(["profile", "--executor", "nope", "--output", str(tmp_path / "x.csv")]) == 1
         assert "known:" in capsys.readouterr().err
 
 
-def test_policies_lists_the_presets(capsys):
+def test_policies_lists_the_presets(capsys: pytest.CaptureFixture[str]) -> None:
     """`phasesched policies` prints every registered name with its summary."""
     assert main(["policies"]) == 0
     out = capsys.readouterr().out
@@ -409,7 +411,9 @@ def test_policies_lists_the_presets(capsys):
 
 
 class TestBenchWithoutExtras:
-    def test_without_matplotlib_or_rich_warns_and_writes_results(self, tmp_path, capsys, monkeypatch):
+    def test_without_matplotlib_or_rich_warns_and_writes_results(
+        self, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+    ) -> None:
         """Without the [bench] extra, bench warns, draws no figures, and still writes results.json and tables."""
         for module in ("matplotlib", "matplotlib.figure", "rich", "rich.console"):
             monkeypatch.setitem(sys.modules, module, None)  # importing them now raises ImportError
@@ -435,7 +439,7 @@ class TestReplayOfMooncake:
         *("--trace", str(MOONCAKE), "--limit", "30", "--policy", "vllm", "--no-plots", "--quiet"),
     )
 
-    def test_unservable_requests_fail_and_the_replay_goes_on(self, tmp_path):
+    def test_unservable_requests_fail_and_the_replay_goes_on(self, tmp_path: Path) -> None:
         """Prompts too big for 2 x H100's KV are counted as failed, with the reason; the rest complete."""
         assert main([*self.ARGV, "--output", str(tmp_path)]) == 0
         row = results(tmp_path)["experiments"]["replay"]["rows"][0]
@@ -444,7 +448,7 @@ class TestReplayOfMooncake:
         assert row["completed"] + row["failed"] == 30
         assert "rejected" in row["errors"][0]
 
-    def test_spread_ticks(self, tmp_path):
+    def test_spread_ticks(self, tmp_path: Path) -> None:
         """--spread-ticks spreads Mooncake's shared timestamps: recorded in settings, and the latencies change."""
         assert main([*self.ARGV, "--output", str(tmp_path / "together")]) == 0
         assert main([*self.ARGV, "--spread-ticks", "--output", str(tmp_path / "spread")]) == 0
@@ -456,7 +460,7 @@ class TestReplayOfMooncake:
 
 @pytest.mark.slow
 @needs_plots
-def test_plain_bench_runs_the_seed_suite_within_a_minute(tmp_path):
+def test_plain_bench_runs_the_seed_suite_within_a_minute(tmp_path: Path) -> None:
     """Plain `phasesched bench` (full sizes, H200 + Llama-3-8B) finishes in under 60 s with its verdict."""
     done = command("bench", "--output", str(tmp_path), timeout=300)
     assert done.returncode == 0, done.stderr

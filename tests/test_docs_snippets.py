@@ -62,6 +62,7 @@ RULES = (
     Rule("docs/how-to/executor.md", "wrapper.plan(plan.qo_indptr", skip="a sketch of FlashInfer's API (a GPU)"),
     Rule("docs/how-to/executor.md", 'EXECUTORS.get("torch")', needs_torch=True),
     Rule("docs/how-to/executor.md", 'EXECUTORS.get("flashinfer")', skip="needs FlashInfer and an NVIDIA GPU"),
+    Rule("docs/how-to/vllm.md", "from vllm import LLM", skip="needs vLLM, a model and a GPU"),
     Rule(
         "docs/how-to/policy-plugin.md",
         "class ShortestJobFirst:",

@@ -23,7 +23,8 @@ def run(script: str, *args: str) -> str:
 def test_every_example_is_covered() -> None:
     """A new example cannot be added without a test that runs it."""
     scripts = {p.name for p in EXAMPLES.glob("*.py")}
-    assert scripts == {"engine_loop.py", "replay_trace.py", "disaggregation_what_if.py"}
+    assert scripts == {"engine_loop.py", "replay_trace.py", "disaggregation_what_if.py", "pd_runtime.py"}
+    # pd_runtime.py needs phasesched-torch: tests/executors/torch/test_pd.py runs it
 
 
 def test_replay_trace(tmp_path: Path) -> None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import attrs
 import numpy as np
 import pytest
@@ -72,7 +74,7 @@ class TestStepPlan:
             ("num_new", np.array([0, 5], np.int32), "at least one"),
         ],
     )
-    def test_check_layout_finds_inconsistencies(self, field: str, value: object, match: str) -> None:
+    def test_check_layout_finds_inconsistencies(self, field: str, value: Any, match: str) -> None:
         """check_layout() names the array that disagrees with the others."""
         plan = attrs.evolve(mixed_plan(), **{field: value})
         with pytest.raises(ValueError, match=match):

@@ -29,6 +29,7 @@ from phasesched.policies import (
     ShortestRemainingPrefill,
     SLOAdaptiveChunk,
     TokenBudget,
+    VictimOrder,
 )
 from tests.fakes import Driver, make_requests, scheduler_for, tokens_by_request
 
@@ -230,13 +231,13 @@ class TestQueueOrder:
 class TestPreemption:
     def run_until_preemption(
         self,
-        victims: object,
+        victims: VictimOrder,
         requests: list[Request],
         late: Request | None = None,
     ) -> tuple[str, ...]:
         policy = SchedulingPolicy(
             budget=TokenBudget(256, 8), chunker=FixedChunk(256), preemption=PreemptionPolicy(victims=victims)
-        )  # type: ignore[arg-type]
+        )
         driver = Driver(scheduler_for(policy, num_pages=9, page_size=4))
         for request in requests:
             driver.scheduler.add_request(request)

@@ -221,13 +221,14 @@ class SchedulerMachine(RuleBasedStateMachine):
     @invariant()
     def partial_prefills_within_cap(self) -> None:
         """No more requests are part-way through their prefill than the chunk sizer's cap allows."""
-        if getattr(self, "partial_cap", None) is None or self.pending is not None:
+        cap = getattr(self, "partial_cap", None)
+        if cap is None or self.pending is not None:
             return  # with a plan in flight, its slices have not been counted as computed yet
         partial = 0
         for request_id in self.scheduler.running_request_ids():
             computed, known = self.scheduler.progress(request_id)
             partial += known - computed > 1 or computed < self.requests[request_id].prompt_len
-        assert partial <= self.partial_cap, f"{partial} partial prefills, cap {self.partial_cap}"
+        assert partial <= cap, f"{partial} partial prefills, cap {cap}"
 
     def teardown(self) -> None:
         if not hasattr(self, "scheduler"):

@@ -26,10 +26,11 @@ from phasesched.errors import InvalidArgumentError, OutOfPagesError, UnknownTabl
 from phasesched.prefix_cache import CacheStats, Evicted, PrefixCache
 from phasesched.validators import INT32_MAX, is_int
 
-__all__ = ["Claim", "FreedTables", "PagedKVManager", "Registration"]
+__all__ = ["Claim", "FreedTables", "HeldKV", "PagedKVManager", "Registration"]
 
 Int32Array = NDArray[np.int32]
 _NO_PAGE = -1
+_NO_SLOTS: Int32Array = np.empty(0, np.int32)
 
 
 @attrs.frozen(eq=False)
@@ -40,6 +41,7 @@ class FreedTables:
     counts: Int32Array
     pages: Int32Array
     num_released: int
+    held: Int32Array
     parked: tuple[int, ...] = ()
     """Released pages that stayed cached (idle) rather than returning to the plain pool."""
     hashed: Int32Array | None = None
@@ -79,6 +81,22 @@ def _read_only(array: NDArray[np.int32]) -> NDArray[np.int32]:
     view: NDArray[np.int32] = array.view()
     view.flags.writeable = False
     return view
+
+
+@attrs.frozen(eq=False)
+class HeldKV:
+    """The KV a finished request left held for a transfer (see :meth:`phasesched.Scheduler.hold_kv`).
+
+    Attributes:
+        request_id: Whose KV it is.
+        num_tokens: Tokens whose KV the pages hold (the request's computed tokens when it finished).
+        pages: int32 ``[ceil(num_tokens / page_size)]``: the page ids, in token order (read-only).
+
+    """
+
+    request_id: str
+    num_tokens: int
+    pages: NDArray[np.int32]
 
 
 class PagedKVManager:
@@ -129,6 +147,11 @@ class PagedKVManager:
         self._cache = PrefixCache() if enable_prefix_caching else None
         # Without a cache no page is ever shared, so freeing needs no reference counting.
         self._shared = enable_prefix_caching
+        # Holds (P/D): a table marked with defer_free survives the free that would end it, as a
+        # held table, until release(). Freeing skips the check while none is marked.
+        self._deferred = np.zeros(8, dtype=bool)
+        self._held = np.zeros(8, dtype=bool)
+        self._num_deferred = 0
 
     # ---------------------------------------------------------------- queries
     @property
@@ -340,10 +363,16 @@ class PagedKVManager:
         self.free_many(np.array([slot], dtype=np.int32))
 
     def free_many(self, slots: Int32Array) -> FreedTables:
-        """Vectorized :meth:`free` for distinct open slots; returns what :meth:`unfree` needs to undo it."""
+        """Vectorized :meth:`free` for distinct open slots; returns what :meth:`unfree` needs to undo it.
+
+        A table marked by :meth:`defer_free` is held instead of freed.
+        """
+        held = _NO_SLOTS
+        if self._num_deferred and len(slots):
+            held, slots = self._hold_deferred(slots)
         counts = self._count[slots]
         if len(slots) == 0:
-            return FreedTables(slots, counts, np.empty(0, np.int32), 0)
+            return FreedTables(slots, counts, np.empty(0, np.int32), 0, held)
         _, pages = self.gather(slots, counts)
         if self._shared:  # a page may appear in several of these tables: count every reference
             np.subtract.at(self._refcount, pages, 1)
@@ -365,10 +394,14 @@ class PagedKVManager:
         self._free_slots.extend(int(s) for s in slots)
         hashed = self._hashed[slots]
         self._hashed[slots] = 0
-        return FreedTables(slots, counts, pages, len(released), parked, hashed)
+        return FreedTables(slots, counts, pages, len(released), held, parked, hashed)
 
     def unfree(self, freed: FreedTables) -> None:
         """Undo the :meth:`free_many` call that returned ``freed``; nothing else may have changed since."""
+        if len(freed.held):
+            self._held[freed.held] = False
+            self._deferred[freed.held] = True
+            self._num_deferred += len(freed.held)
         if not len(freed.slots):
             return
         self._num_free -= freed.num_released  # its pages sit on top of the pool, as it left them
@@ -490,6 +523,61 @@ class PagedKVManager:
         self._num_free += count
         return evicted
 
+    # ---------------------------------------------------------------- holds, for P/D
+    def defer_free(self, slot: int) -> None:
+        """Mark table ``slot`` so that the next free of it holds its pages instead (vLLM's delayed free).
+
+        A disaggregated prefill worker marks a request's table before the request finishes: its
+        pages then outlive the request, unchanged and in place, until :meth:`release` (after
+        the decode side has acknowledged the copy).
+        """
+        self._check_open(slot)
+        if self._held[slot]:
+            msg = f"KV table {slot} is already held"
+            raise UnknownTableError(msg)
+        if not self._deferred[slot]:
+            self._deferred[slot] = True
+            self._num_deferred += 1
+
+    def is_held(self, slot: int) -> bool:
+        """Whether ``slot`` is a held table: freed by its owner, its pages kept until :meth:`release`."""
+        return 0 <= slot < len(self._held) and bool(self._held[slot])
+
+    @property
+    def num_held_tables(self) -> int:
+        """Held tables (their pages count as used)."""
+        return int(np.count_nonzero(self._held))
+
+    def release(self, slot: int) -> None:
+        """Free a held table's pages.
+
+        Raises:
+            UnknownTableError: ``slot`` is not a held table.
+
+        """
+        if not self.is_held(slot):
+            msg = f"KV table {slot} is not held"
+            raise UnknownTableError(msg)
+        self._held[slot] = False
+        self.free_many(np.array([slot], dtype=np.int32))
+
+    def _hold_deferred(self, slots: Int32Array) -> tuple[Int32Array, Int32Array]:
+        """Turn the marked tables among ``slots`` into held ones; return them and the rest, to free."""
+        marked = self._deferred[slots]
+        if not marked.any():
+            return _NO_SLOTS, slots
+        held = slots[marked]
+        self._deferred[held] = False
+        self._held[held] = True
+        self._num_deferred -= len(held)
+        return held, slots[~marked]
+
+    def undefer_free(self, slot: int) -> None:
+        """Undo :meth:`defer_free` on a table not freed since."""
+        if self._deferred[slot]:
+            self._deferred[slot] = False
+            self._num_deferred -= 1
+
     # ---------------------------------------------------------------- checks
     def check_invariants(self) -> None:
         """Assert the bookkeeping is whole: used + free = total, counts match references."""
@@ -508,6 +596,8 @@ class PagedKVManager:
         expected = np.bincount(pages, minlength=self.num_pages)
         assert np.array_equal(expected, self._refcount), "reference counts disagree with tables"
         assert self.num_used_pages == np.count_nonzero(self._refcount), "used pages miscounted"
+        assert not np.any(self._held & ~self._open), "a held table is not open"
+        assert int(self._deferred.sum()) == self._num_deferred, "deferred tables miscounted"
 
     def _check_open(self, slot: int) -> None:
         if not self.is_open(slot):
@@ -522,6 +612,8 @@ class PagedKVManager:
         self._hashed = np.concatenate([self._hashed, np.zeros(old, dtype=np.int32)])
         self._nameable = np.concatenate([self._nameable, np.full(old, INT32_MAX, dtype=np.int32)])
         self._open = np.concatenate([self._open, np.zeros(old, dtype=bool)])
+        self._deferred = np.concatenate([self._deferred, np.zeros(old, dtype=bool)])
+        self._held = np.concatenate([self._held, np.zeros(old, dtype=bool)])
         self._free_slots.extend(range(2 * old - 1, old - 1, -1))
 
     def _ensure_width(self, columns: int) -> None:

@@ -31,7 +31,7 @@ from phasesched.errors import (
 )
 from phasesched.executor import StepResult
 from phasesched.journal import Journal
-from phasesched.kv import PagedKVManager
+from phasesched.kv import HeldKV, PagedKVManager
 from phasesched.plan import StepPlan, build_step_plan, token_positions
 from phasesched.policies.builder import BatchBuilder, checked_chunk
 from phasesched.policies.chunking import ChunkContext, PrefillCandidate
@@ -173,6 +173,7 @@ class Scheduler:
         self._steady_fast_path = type(self.policy.priority) in EVERY_DECODE_PRIORITIES
         order = self.policy.queue_order
         self._rerank = order if isinstance(order, CacheAwareOrder) else None  # checked once: a Protocol check is slow
+        self._holds: dict[str, tuple[int, HeldKV]] = {}  # P/D: finished requests' KV, held until released
 
     # ------------------------------------------------------------------ requests
     def add_request(self, request: Request, *, precomputed_tokens: int = 0) -> None:
@@ -609,6 +610,67 @@ class Scheduler:
             assert np.array_equal(held, -(-arrays.computed[running] // self.kv.page_size)), "pages != tokens held"
         for seq in self._seqs.values():
             assert (seq.slot >= 0) == (seq.status is RequestStatus.RUNNING), "slot and status disagree"
+        assert self.kv.num_held_tables == len(self._holds), "held KV tables miscounted"
+        assert all(self.kv.is_held(slot) for slot, _ in self._holds.values()), "a hold lost its table"
+
+    # ------------------------------------------------------------------ P/D: hold pages until released
+    def hold_kv(self, request_id: str) -> None:
+        """Keep ``request_id``'s KV pages when it finishes, until :meth:`release_kv` (vLLM's delayed free).
+
+        A disaggregated prefill worker calls this for each request it prefills: when the request
+        finishes (its prompt computed), its pages stay in place, counted as used, while the
+        decode side copies them; an abort or a preemption still frees them at once.
+
+        Raises:
+            UnknownRequestError: No such request is held.
+
+        """
+        self._seq(request_id).hold_kv = True
+
+    def held_kv(self, request_id: str) -> HeldKV:
+        """The KV a finished request left held.
+
+        Raises:
+            UnknownRequestError: ``request_id`` holds no KV here.
+
+        """
+        held = self._holds.get(request_id)
+        if held is None:
+            msg = f"request {request_id!r} holds no KV"
+            raise UnknownRequestError(msg)
+        return held[1]
+
+    @property
+    def held_request_ids(self) -> tuple[str, ...]:
+        """Finished requests whose KV is still held."""
+        return tuple(self._holds)
+
+    def release_kv(self, request_id: str) -> None:
+        """Free the KV pages a finished request left held.
+
+        Raises:
+            UnknownRequestError: ``request_id`` holds no KV here.
+
+        """
+        held = self._holds.pop(request_id, None)
+        if held is None:
+            msg = f"request {request_id!r} holds no KV to release"
+            raise UnknownRequestError(msg)
+        self.kv.release(held[0])
+        self._version += 1
+
+    def _hold_finished(self, seqs: list[SequenceState], reasons: list[FinishReason], journal: Journal) -> None:
+        """Mark the tables of finishing requests that asked for it, so retiring them holds their pages."""
+        for seq, reason in zip(seqs, reasons, strict=True):
+            if seq is None or not seq.hold_kv or reason in (FinishReason.ABORTED, FinishReason.ERROR):
+                continue
+            slot, request_id = seq.slot, seq.request.request_id
+            self.kv.defer_free(slot)
+            journal.record(functools.partial(self.kv.undefer_free, slot))
+            pages = self.kv.pages(slot).copy()
+            pages.flags.writeable = False
+            self._holds[request_id] = (slot, HeldKV(request_id, int(self._arrays.computed[slot]), pages))
+            journal.record(functools.partial(self._holds.pop, request_id))
 
     # ------------------------------------------------------------------ internals
     def _seq(self, request_id: str) -> SequenceState:
@@ -845,6 +907,7 @@ class Scheduler:
         if not len(slots):
             return ()
         seqs: list[SequenceState] = self._arrays.seqs[slots].tolist()
+        self._hold_finished(seqs, reasons, journal)  # P/D: before the pages are freed
         self._retire(slots, journal)
         records = []
         for seq, reason in zip(seqs, reasons, strict=True):

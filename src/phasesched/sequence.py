@@ -29,6 +29,8 @@ class SequenceState:
     precomputed: int = 0
     """Leading prompt tokens whose KV arrives with the request (a disaggregated prefill's
     transfer); lost, and recomputed locally, if the request is preempted."""
+    hold_kv: bool = False
+    """Keep its KV pages held when it finishes, until released (a disaggregated prefill)."""
     page_hashes: list[int] = attrs.Factory(list)
     """Content hashes of its full pages known so far (prefix caching only): the prompt's from
     the start, generated ones as their pages fill."""

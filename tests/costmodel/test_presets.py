@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import attrs
 import pytest
 
@@ -52,8 +54,9 @@ class TestHardware:
     @pytest.mark.parametrize("value", [0.0, 1.5, -0.1])
     def test_efficiencies_are_fractions(self, field: str, value: float) -> None:
         """An efficiency outside (0, 1] is rejected."""
+        changes: dict[str, Any] = {field: value}
         with pytest.raises(ValueError, match=field):
-            attrs.evolve(hardware_by_name("H200"), **{field: value})
+            attrs.evolve(hardware_by_name("H200"), **changes)
 
     def test_peaks_must_be_positive(self) -> None:
         """A zero bandwidth is rejected."""

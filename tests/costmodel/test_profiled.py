@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import itertools
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -32,7 +34,9 @@ def multilinear(p: float, prefix: float, d: float, c: float) -> float:
     return 1e-3 + 2e-5 * p + 1e-9 * p * prefix + 1e-4 * d + 1e-8 * d * c
 
 
-def grid_points(law=multilinear, axes=AXES) -> list[ProfilePoint]:
+def grid_points(
+    law: Callable[[int, int, int, int], float] = multilinear, axes: tuple[tuple[int, ...], ...] = AXES
+) -> list[ProfilePoint]:
     return [ProfilePoint(p, x, d, c, law(p, x, d, c)) for p, x, d, c in itertools.product(*axes)]
 
 
@@ -59,7 +63,7 @@ class TestProfilePoint:
     )
     def test_rejects_negative_values(self, field: str) -> None:
         """Every field is non-negative."""
-        values = {
+        values: dict[str, Any] = {
             "prefill_tokens": 1,
             "prefill_prefix": 0,
             "decode_seqs": 0,
@@ -234,7 +238,7 @@ class TestInterpolation:
         """Between two grid points along one axis the time is their linear blend."""
         rng = np.random.default_rng(1)
         model = monotone_grid(rng.random((3, 2, 3, 2)))
-        lookup = {p.features: p.step_time_s for p in model.points}
+        lookup: dict[tuple[float, ...], float] = {p.features: p.step_time_s for p in model.points}
         for low in model.points:
             for dim in range(4):
                 axis = sorted({p.features[dim] for p in model.points})

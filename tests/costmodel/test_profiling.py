@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import attrs
 import numpy as np
@@ -14,6 +15,7 @@ from phasesched import StepPlan, StepResult
 from phasesched.costmodel import (
     ProfiledCostModel,
     ProfileGrid,
+    ProfilePoint,
     ProfilingError,
     profile_executor,
     read_profile_csv,
@@ -48,7 +50,7 @@ class TimedExecutor:
 DEFAULT_GRID = ProfileGrid()
 
 
-def profile(executor: TimedExecutor, grid: ProfileGrid = DEFAULT_GRID, **kwargs: object):
+def profile(executor: TimedExecutor, grid: ProfileGrid = DEFAULT_GRID, **kwargs: Any) -> list[ProfilePoint]:
     return profile_executor(executor, num_pages=128, page_size=4, grid=grid, **kwargs)
 
 
@@ -122,7 +124,7 @@ class TestProfileExecutor:
             assert plan.input_ids.dtype == np.int32
             assert plan.input_ids.shape == (plan.num_tokens,)
             assert np.all((plan.input_ids >= 0) & (plan.input_ids < 50))
-        assert len({int(i) for plan in executor.plans for i in plan.input_ids}) > 10
+        assert len({int(i) for plan in executor.plans if plan.input_ids is not None for i in plan.input_ids}) > 10
 
     def test_a_cache_exactly_as_large_as_the_largest_step_suffices(self) -> None:
         """Pages go back after each point, so max_pages pages are enough for the whole grid."""

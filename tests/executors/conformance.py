@@ -44,7 +44,7 @@ def _run(
     executor: Executor, scheduler: Scheduler, *, timed: bool = True, max_steps: int = 2000
 ) -> tuple[dict[str, tuple[int, ...]], list[StepPlan]]:
     outputs: dict[str, tuple[int, ...]] = {}
-    plans = []
+    plans: list[StepPlan] = []
     for _ in range(max_steps):
         if not scheduler.num_unfinished:
             return outputs, plans

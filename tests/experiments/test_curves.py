@@ -22,7 +22,7 @@ def decode_step_ms(context: ExperimentContext, active: int, kv_len: int) -> floa
 
 
 class TestPrefillCurve:
-    def test_one_prompt_takes_one_prefill_step(self):
+    def test_one_prompt_takes_one_prefill_step(self) -> None:
         """A lone prompt's TTFT is the cost model's time for its single prefill step."""
         context = ExperimentContext(policies=("no-chunk",))
         result = run_prefill_curve(context, PrefillCurveConfig((512, 4096), batch_size=1))
@@ -32,7 +32,7 @@ class TestPrefillCurve:
             assert row["mean_ttft_ms"] == pytest.approx(expected)
             assert row["first_ttft_ms"] == pytest.approx(expected)
 
-    def test_rows_are_ordered_and_consistent(self):
+    def test_rows_are_ordered_and_consistent(self) -> None:
         """One row per (policy, length); first <= mean <= last TTFT; throughput = batch tokens / last TTFT."""
         config = PrefillCurveConfig.quick()
         result = run_prefill_curve(ExperimentContext(policies=("vllm", "sarathi")), config)
@@ -46,7 +46,7 @@ class TestPrefillCurve:
         by_len = [r["max_ttft_ms"] for r in result.rows if r["policy"] == "vllm"]
         assert by_len == sorted(by_len)
 
-    def test_default_policy_and_to_dict(self):
+    def test_default_policy_and_to_dict(self) -> None:
         """Without policies it runs vllm; to_dict carries the config and the rows."""
         result = run_prefill_curve(ExperimentContext(), PrefillCurveConfig.quick())
         assert result.policies == ("vllm",)
@@ -55,18 +55,18 @@ class TestPrefillCurve:
         assert data["config"]["batch_size"] == 2
         assert len(data["rows"]) == len(result.rows)
 
-    def test_prompt_longer_than_the_context_is_refused(self):
+    def test_prompt_longer_than_the_context_is_refused(self) -> None:
         """A prompt past max_model_len is refused before anything runs."""
         context = ExperimentContext(Deployment(max_model_len=1024))
         with pytest.raises(ValueError, match="max_model_len"):
             run_prefill_curve(context, PrefillCurveConfig((512, 2048)))
 
-    def test_unknown_policy(self):
+    def test_unknown_policy(self) -> None:
         """An unknown policy name raises the registry's error, listing the known names."""
         with pytest.raises(UnknownNameError, match="vllm"):
             run_prefill_curve(ExperimentContext(policies=("nope",)), PrefillCurveConfig.quick())
 
-    def test_progress_is_reported(self):
+    def test_progress_is_reported(self) -> None:
         """The hook hears every point, ending at total."""
         seen: list[tuple[str, int, int]] = []
         context = ExperimentContext(progress=lambda task, done, total: seen.append((task, done, total)))
@@ -75,7 +75,7 @@ class TestPrefillCurve:
 
 
 class TestDecodeCurve:
-    def test_itl_is_the_decode_step_of_n_sequences(self):
+    def test_itl_is_the_decode_step_of_n_sequences(self) -> None:
         """The steady ITL lies between the step times of n decodes at the first and last context."""
         context = ExperimentContext()
         config = DecodeCurveConfig(active=(1, 8, 64), prompt_len=512, output_len=32)
@@ -91,13 +91,13 @@ class TestDecodeCurve:
         itls = [r["mean_itl_ms"] for r in result.rows]
         assert itls == sorted(itls)
 
-    def test_sequence_cap_is_raised_to_n(self):
+    def test_sequence_cap_is_raised_to_n(self) -> None:
         """300 sequences really decode together although vllm caps sequences at 256 by default."""
         config = DecodeCurveConfig(active=(300,), prompt_len=64, output_len=16)
         (row,) = run_decode_curve(ExperimentContext(), config).rows
         assert row["steps"] > 0
 
-    def test_prefill_is_excluded(self):
+    def test_prefill_is_excluded(self) -> None:
         """The p99 gap stays near the decode step although the batch's own prefill stalled early tokens."""
         context = ExperimentContext()
         config = DecodeCurveConfig(active=(64,), prompt_len=2048, output_len=64)

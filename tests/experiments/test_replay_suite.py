@@ -31,7 +31,7 @@ def small_trace(tmp_path: Path, n: int = 40) -> Workload:
 
 
 class TestReplay:
-    def test_every_policy_serves_every_request(self, tmp_path):
+    def test_every_policy_serves_every_request(self, tmp_path: Path) -> None:
         """One row per policy, all requests completed, CDFs of 101 points; the defaults are used without names."""
         trace = small_trace(tmp_path)
         result = run_replay(ExperimentContext(), ReplayConfig(trace))
@@ -41,7 +41,7 @@ class TestReplay:
         assert all(len(c["ttft"]) == len(c["itl"]) == 101 for c in result.cdf_ms.values())
         assert result.to_dict()["config"]["trace"] == "small"
 
-    def test_rate_and_limit(self, tmp_path):
+    def test_rate_and_limit(self, tmp_path: Path) -> None:
         """The first `limit` requests are served at `rate`; lengths are unchanged."""
         trace = small_trace(tmp_path)
         result = run_replay(ExperimentContext(policies=("vllm",)), ReplayConfig(trace, rate=5.0, limit=10))
@@ -50,7 +50,7 @@ class TestReplay:
         assert np.array_equal(result.workload.prompt_len, trace.prompt_len[:10])
         assert result.rows[0]["completed"] == 10
 
-    def test_prompts_past_the_context_are_clipped_and_counted(self):
+    def test_prompts_past_the_context_are_clipped_and_counted(self) -> None:
         """A prompt longer than max_model_len is cut to fit (and counted) instead of failing the run."""
         trace = Workload("long", [0.0, 0.1, 0.2], [100, 5000, 9000], [4, 4, 4])
         workload, clipped = prepare_trace(ReplayConfig(trace), max_model_len=4096)
@@ -61,27 +61,27 @@ class TestReplay:
         assert result.clipped == 2
         assert result.rows[0]["completed"] == 3
 
-    def test_progress_per_request(self, tmp_path):
+    def test_progress_per_request(self, tmp_path: Path) -> None:
         """Progress is reported per policy, in requests, ending at the total."""
         seen: dict[str, tuple[int, int]] = {}
         context = ExperimentContext(policies=("vllm", "sarathi"), progress=lambda t, d, n: seen.update({t: (d, n)}))
         run_replay(context, ReplayConfig(small_trace(tmp_path, 12)))
         assert seen == {"replay vllm": (12, 12), "replay sarathi": (12, 12)}
 
-    def test_empty_trace(self):
+    def test_empty_trace(self) -> None:
         """An empty trace is an error, not an empty report."""
         with pytest.raises(ValueError, match="no requests"):
             run_replay(ExperimentContext(), ReplayConfig(Workload("empty", [], [], [])))
 
 
 class TestSuite:
-    def test_names(self, tmp_path):
+    def test_names(self, tmp_path: Path) -> None:
         """The suite runs five experiments, plus replay when a trace is given; one name runs alone."""
         assert suite_names(None, SuiteOptions()) == SUITE
         assert suite_names(None, SuiteOptions(trace=small_trace(tmp_path))) == (*SUITE, "replay")
         assert suite_names("grid", SuiteOptions()) == ("grid",)
 
-    def test_bad_names(self):
+    def test_bad_names(self) -> None:
         """Unknown experiments and a replay without a trace are refused."""
         with pytest.raises(ValueError, match="known"):
             suite_names("nope", SuiteOptions())
@@ -92,11 +92,11 @@ class TestSuite:
         with pytest.raises(ValueError, match="trace"):
             run_experiment("replay", ExperimentContext())
 
-    def test_cli_offers_every_experiment(self):
+    def test_cli_offers_every_experiment(self) -> None:
         """The CLI's choices (spelled out to keep --help light) are the suite's experiments."""
         assert cli.EXPERIMENTS == EXPERIMENTS
 
-    def test_quick_replay_is_limited(self, tmp_path):
+    def test_quick_replay_is_limited(self, tmp_path: Path) -> None:
         """A quick replay serves QUICK_REPLAY_LIMIT requests unless a limit is given."""
         trace = small_trace(tmp_path, 80)
         quick = run_experiment("replay", ExperimentContext(policies=("vllm",)), SuiteOptions(quick=True, trace=trace))
@@ -104,13 +104,13 @@ class TestSuite:
         limited = SuiteOptions(quick=True, trace=trace, limit=5)
         assert run_experiment("replay", ExperimentContext(policies=("vllm",)), limited).rows[0]["completed"] == 5
 
-    def test_rate_reaches_the_phase_split(self):
+    def test_rate_reaches_the_phase_split(self) -> None:
         """--rate sets the phase split's Poisson rate."""
         result = run_experiment("phase-split", ExperimentContext(), SuiteOptions(quick=True, rate=3.0))
         assert result.to_dict()["config"]["rate"] == 3.0
 
     @pytest.mark.parametrize("name", SUITE)
-    def test_quick_runs(self, name):
+    def test_quick_runs(self, name: str) -> None:
         """Every suite experiment runs at quick size and yields rows whose keys its columns name."""
         result = run_experiment(name, ExperimentContext(), SuiteOptions(quick=True))
         assert result.rows

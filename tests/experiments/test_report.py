@@ -17,6 +17,7 @@ from phasesched.experiments import (
     Column,
     DecodeCurveConfig,
     ExperimentContext,
+    ExperimentResult,
     MixedLoadConfig,
     PhaseSplitConfig,
     PrefillCurveConfig,
@@ -53,7 +54,7 @@ def png_size(path: Path) -> tuple[int, int]:
 
 
 @pytest.fixture(scope="module")
-def results():
+def results() -> list[ExperimentResult]:
     context = ExperimentContext()
     return [
         run_prefill_curve(context, PrefillCurveConfig.quick()),
@@ -65,7 +66,7 @@ def results():
 
 
 class TestTables:
-    def test_cells(self):
+    def test_cells(self) -> None:
         """Numbers follow the column's spec; missing values are '-'; whole floats fit integer specs."""
         assert format_cell(1234.5678, Column("k", "h")) == "1,234.6"
         assert format_cell(None, Column("k", "h")) == "-"
@@ -74,7 +75,7 @@ class TestTables:
         assert format_cell(0.915, Column("k", "h", ".1%")) == "91.5%"
         assert format_cell("sarathi", Column("k", "h")) == "sarathi"
 
-    def test_plain_table(self, results):
+    def test_plain_table(self, results: list[ExperimentResult]) -> None:
         """Title, headers, a rule and one aligned line per row: text left, numbers right."""
         mixed = results[2]
         lines = format_table(mixed).splitlines()
@@ -86,14 +87,14 @@ class TestTables:
         widths = {len(line) for line in lines[1:]}
         assert len(widths) == 1  # right-aligned numbers end every line in the same column
 
-    def test_print_table_without_rich(self, results, monkeypatch):
+    def test_print_table_without_rich(self, results: list[ExperimentResult], monkeypatch: pytest.MonkeyPatch) -> None:
         """Without rich installed the table is printed as plain text."""
         monkeypatch.setattr(_tables, "rich_available", lambda: False)
         out = io.StringIO()
         print_table(results[0], file=out)
         assert out.getvalue().startswith(format_table(results[0]))
 
-    def test_print_table_with_rich(self, results):
+    def test_print_table_with_rich(self, results: list[ExperimentResult]) -> None:
         """With rich, every row's label and the title appear."""
         pytest.importorskip("rich")
         out = io.StringIO()
@@ -105,7 +106,7 @@ class TestTables:
 
 
 class TestResultsJson:
-    def test_strict_json_with_nulls(self, tmp_path):
+    def test_strict_json_with_nulls(self, tmp_path: Path) -> None:
         """NaN and infinities become null, numpy values plain numbers, tuples lists; the file is strict JSON."""
         payload = {"a": math.nan, "b": np.float64(2.5), "c": (1, np.int64(2)), "d": {"e": np.array([1.0, np.inf])}}
         path = write_results_json(tmp_path / "results.json", payload)
@@ -116,7 +117,7 @@ class TestResultsJson:
         data = json.loads(path.read_text(), parse_constant=refuse)
         assert data == {"a": None, "b": 2.5, "c": [1, 2], "d": {"e": [1.0, None]}}
 
-    def test_experiment_dicts_serialize(self, results, tmp_path):
+    def test_experiment_dicts_serialize(self, results: list[ExperimentResult], tmp_path: Path) -> None:
         """Every experiment's to_dict() writes and reads back with its rows."""
         payload = {r.name: r.to_dict() for r in results}
         data = json.loads(write_results_json(tmp_path / "r.json", payload).read_text())
@@ -126,7 +127,7 @@ class TestResultsJson:
 
 
 class TestFigures:
-    def test_every_figure_is_a_png(self, results, tmp_path):
+    def test_every_figure_is_a_png(self, results: list[ExperimentResult], tmp_path: Path) -> None:
         """write_figures draws each supported figure as a real PNG of a sensible size."""
         pytest.importorskip("matplotlib")
         paths = write_figures(results, tmp_path)
@@ -143,7 +144,7 @@ class TestFigures:
             assert 300 < width < 3000
             assert 150 < height < 2000
 
-    def test_missing_matplotlib_says_how_to_install(self, monkeypatch):
+    def test_missing_matplotlib_says_how_to_install(self, monkeypatch: pytest.MonkeyPatch) -> None:
         """Without matplotlib the error names the extra to install."""
         for name in [m for m in sys.modules if m == "matplotlib" or m.startswith("matplotlib.")]:
             monkeypatch.delitem(sys.modules, name)
@@ -154,7 +155,7 @@ class TestFigures:
 
 
 class TestTerminalUI:
-    def test_quiet_shows_only_what_must_be_shown(self, results):
+    def test_quiet_shows_only_what_must_be_shown(self, results: list[ExperimentResult]) -> None:
         """Quiet: no tables, no ordinary messages; `always` messages still appear."""
         out = io.StringIO()
         with TerminalUI(quiet=True, stream=out) as ui:
@@ -164,7 +165,7 @@ class TestTerminalUI:
             ui.message("shown", always=True)
         assert out.getvalue() == "shown\n"
 
-    def test_not_a_terminal_gets_plain_text(self, results):
+    def test_not_a_terminal_gets_plain_text(self, results: list[ExperimentResult]) -> None:
         """Writing to a file: plain tables and messages, no progress bar."""
         out = io.StringIO()
         with TerminalUI(stream=out) as ui:
@@ -180,7 +181,7 @@ class FakeTerminal(io.StringIO):
 
 
 class TestTerminalUIOnATerminal:
-    def test_progress_bars_come_and_go(self, results):
+    def test_progress_bars_come_and_go(self, results: list[ExperimentResult]) -> None:
         """On a terminal a bar per task appears and is removed once the task completes; tables use rich."""
         pytest.importorskip("rich")
         out = FakeTerminal()
@@ -197,7 +198,7 @@ class TestTerminalUIOnATerminal:
         assert "done" in text
 
 
-def test_import_stays_light():
+def test_import_stays_light() -> None:
     """Importing phasesched, its experiments, report and CLI loads neither matplotlib nor rich."""
     code = (
         "import sys, phasesched, phasesched.experiments, phasesched.report, phasesched.cli; "

@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 
 from phasesched import PolicyOptions, load_policy
 from phasesched.costmodel import RooflineCostModel
+from phasesched.metrics import RequestRecord
 from phasesched.sim import (
     ClosedLoop,
     Deployment,
@@ -37,7 +38,7 @@ def mixed(**kwargs: object) -> SimResult:
     return simulate(workload, keep_requests=True, keep_gaps=True, **kwargs)  # type: ignore[arg-type]
 
 
-def long_record(result: SimResult) -> object:
+def long_record(result: SimResult) -> RequestRecord:
     assert result.metrics.requests is not None
     return next(r for r in result.metrics.requests if r.prompt_len == 16384)
 
@@ -89,7 +90,7 @@ class TestInterference:
         result = mixed(policy=load_policy("sarathi", PolicyOptions(chunk_size=512)))
         record = long_record(result)
         assert result.metrics.gaps is not None
-        window = result.metrics.gaps.overlapping(0.5, 0.5 + record.ttft_s)  # type: ignore[attr-defined]
+        window = result.metrics.gaps.overlapping(0.5, 0.5 + record.ttft_s)
         decode_step = ROOFLINE.step_time(np.ones(32, np.int64), np.full(32, 700))
         assert np.percentile(window, 99) < 5 * decode_step
         assert record.ttft_s > ROOFLINE.step_time(np.array([16384]), np.array([16384]))  # chunking costs prefill time

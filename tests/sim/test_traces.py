@@ -95,7 +95,7 @@ def assert_same_rows(a: Workload, b: Workload) -> None:
 
 class TestSharedTraces:
     @pytest.mark.parametrize("name", list(README))
-    def test_row_counts_and_dtypes(self, loaded, name):
+    def test_row_counts_and_dtypes(self, loaded: dict[str, Workload], name: str) -> None:
         """Every row of each staged file is loaded, from time 0, with int64 lengths."""
         w = loaded[name]
         assert len(w) == README[name][0]
@@ -104,7 +104,7 @@ class TestSharedTraces:
         assert w.name == Path(name).stem
 
     @pytest.mark.parametrize("name", list(README))
-    def test_stats_match_the_readme(self, loaded, name):
+    def test_stats_match_the_readme(self, loaded: dict[str, Workload], name: str) -> None:
         """Rates, burstiness and length percentiles agree with the README's table to its precision."""
         rows, rate, cv, per_second, per_minute, prompt, output = README[name]
         s = trace_stats(loaded[name])
@@ -117,7 +117,7 @@ class TestSharedTraces:
         for stats, expected in ((s.prompt, prompt), (s.output, output)):
             assert (round(stats.mean, 1), stats.p50, round(stats.p90, 1), round(stats.p99, 1), stats.max) == expected
 
-    def test_azure_details(self, loaded):
+    def test_azure_details(self, loaded: dict[str, Workload]) -> None:
         """Code-trace extremes from the README: 217.2 s longest gap, 67 requests in one second, min lengths."""
         s = trace_stats(loaded[AZURE_CODE])
         assert round(s.max_gap_s, 1) == 217.2
@@ -128,13 +128,13 @@ class TestSharedTraces:
         conv = trace_stats(loaded[AZURE_CONV])
         assert (conv.max_per_second, round(conv.span_s, 1), conv.output.min) == (16, 3_501.7, 7)
 
-    def test_azure_timestamps_are_exact(self, loaded):
+    def test_azure_timestamps_are_exact(self, loaded: dict[str, Workload]) -> None:
         """Seven-digit timestamps survive exactly (differences of whole 100 ns ticks)."""
         code = loaded[AZURE_CODE]
         assert code.arrival_s[1] == 0.052  # 18:17:04.0319600 - 18:17:03.9799600
         assert code.arrival_s[-1] == 3_435.948056  # 19:14:19.9280160 - 18:17:03.9799600
 
-    def test_mooncake_grid(self, loaded):
+    def test_mooncake_grid(self, loaded: dict[str, Workload]) -> None:
         """Mooncake arrivals sit on 1,180 ticks about 3 s apart, sent as batches by default."""
         w = loaded[MOONCAKE]
         s = trace_stats(w)
@@ -143,7 +143,7 @@ class TestSharedTraces:
         ticks = np.unique(w.arrival_s)
         assert np.all((np.diff(ticks) >= 2.997 - 1e-9) & (np.diff(ticks) <= 3.003 + 1e-9))
 
-    def test_mooncake_spread_ticks(self, loaded):
+    def test_mooncake_spread_ticks(self, loaded: dict[str, Workload]) -> None:
         """``spread_ticks`` spreads each tick's requests evenly inside the tick, keeping order and lengths."""
         batched = loaded[MOONCAKE]
         spread = load_trace(shared(MOONCAKE), spread_ticks=True)
@@ -155,19 +155,19 @@ class TestSharedTraces:
         np.testing.assert_allclose(first_tick, np.arange(first_tick.size) * 3.0 / first_tick.size)
         assert trace_stats(spread).interarrival_cv < 0.5
 
-    def test_azure_conv_loads_fast(self):
+    def test_azure_conv_loads_fast(self) -> None:
         """The 19k-row Azure conversation trace loads well under a second."""
         path = shared(AZURE_CONV)
         start = time.perf_counter()
         load_trace(path)
         assert time.perf_counter() - start < 0.5
 
-    def test_loading_is_deterministic(self, loaded):
+    def test_loading_is_deterministic(self, loaded: dict[str, Workload]) -> None:
         """Loading a file twice gives identical arrays."""
         assert_same_rows(load_trace(shared(AZURE_CONV)), loaded[AZURE_CONV])
 
     @pytest.mark.parametrize("target", [1.0, 5.0, 20.0])
-    def test_replay_at_a_target_rate(self, loaded, target):
+    def test_replay_at_a_target_rate(self, loaded: dict[str, Workload], target: float) -> None:
         """Rescaled, the conversation trace has the target mean rate and its own burstiness."""
         w = loaded[AZURE_CONV].scaled_to_rate(target)
         s = trace_stats(w)
@@ -175,7 +175,7 @@ class TestSharedTraces:
         assert s.interarrival_cv == pytest.approx(trace_stats(loaded[AZURE_CONV]).interarrival_cv, rel=1e-9)
         assert w.duration_s == pytest.approx((len(w) - 1) / target)
 
-    def test_explicit_format(self):
+    def test_explicit_format(self) -> None:
         """Passing the format skips detection and gives the same result."""
         w = load_trace(shared(AZURE_CODE), format="azure")
         assert len(w) == 8_819
@@ -187,7 +187,7 @@ class TestGenericFormat:
     @pytest.mark.parametrize("suffix", [".csv", ".jsonl"])
     @given(seed=st.integers(0, 2**32), n=st.integers(0, 60), priority=st.booleans())
     @settings(max_examples=15, deadline=None)
-    def test_write_then_load_round_trips(self, suffix, seed, n, priority):
+    def test_write_then_load_round_trips(self, suffix: str, seed: int, n: int, priority: bool) -> None:
         """``write_trace`` then ``load_trace`` gives bit-identical columns, priorities included."""
         w = synthetic(n, Gamma(7.0, 2.5), LogNormal(900, 1.2), Uniform(1, 2000), seed=seed)
         if priority:
@@ -197,26 +197,26 @@ class TestGenericFormat:
             write_trace(w, path)
             assert_same_rows(load_trace(path), w)
 
-    def test_round_trips_a_real_trace(self, loaded, tmp_path):
+    def test_round_trips_a_real_trace(self, loaded: dict[str, Workload], tmp_path: Path) -> None:
         """The Azure conversation trace survives the generic CSV and JSONL formats exactly."""
         for suffix in (".csv", ".jsonl"):
             path = tmp_path / f"conv{suffix}"
             write_trace(loaded[AZURE_CONV], path)
             assert_same_rows(load_trace(path), loaded[AZURE_CONV])
 
-    def test_written_csv_looks_as_documented(self, tmp_path):
+    def test_written_csv_looks_as_documented(self, tmp_path: Path) -> None:
         """The CSV has the documented header and one plain row per request."""
         path = tmp_path / "w.csv"
         write_trace(Workload("w", [0.0, 0.25], [512, 2048], [128, 16]), path)
         assert path.read_text() == "arrival_s,prompt_len,output_len\n0.0,512,128\n0.25,2048,16\n"
 
-    def test_written_jsonl_is_json(self, tmp_path):
+    def test_written_jsonl_is_json(self, tmp_path: Path) -> None:
         """Each JSONL line is an object with the documented keys."""
         path = tmp_path / "w.jsonl"
         write_trace(Workload("w", [1.5], [7], [3], priority=[2]), path)
         assert json.loads(path.read_text()) == {"arrival_s": 1.5, "prompt_len": 7, "output_len": 3, "priority": 2}
 
-    def test_explicit_write_format(self, tmp_path):
+    def test_explicit_write_format(self, tmp_path: Path) -> None:
         """``format=`` overrides the suffix; the vendor formats are not written."""
         path = tmp_path / "w.txt"
         write_trace(Workload("w", [0.0], [1], [1]), path, format="jsonl")
@@ -224,7 +224,7 @@ class TestGenericFormat:
         with pytest.raises(ValueError, match="generic"):
             write_trace(Workload("w", [0.0], [1], [1]), path, format="azure")
 
-    def test_columns_in_any_order_and_extras_ignored(self, tmp_path):
+    def test_columns_in_any_order_and_extras_ignored(self, tmp_path: Path) -> None:
         """Generic CSV columns are found by name; unknown columns and JSON keys are ignored."""
         path = write(tmp_path, "t.csv", "output_len,note,arrival_s,prompt_len\n5,hi,0.5,40\n6,yo,1.5,41\n")
         w = load_trace(path)
@@ -232,23 +232,23 @@ class TestGenericFormat:
         jsonl = write(tmp_path, "t.jsonl", '{"arrival_s": 2, "prompt_len": 9.0, "output_len": 1, "id": "x"}\n')
         assert load_trace(jsonl).prompt_len.tolist() == [9]
 
-    def test_generic_times_are_kept(self, tmp_path):
+    def test_generic_times_are_kept(self, tmp_path: Path) -> None:
         """Generic times are already relative: they are not moved to start at 0."""
         w = load_trace(write(tmp_path, "t.csv", "arrival_s,prompt_len,output_len\n10.0,1,1\n12.0,1,1\n"))
         assert w.arrival_s.tolist() == [10.0, 12.0]
 
-    def test_blank_lines_crlf_and_bom(self, tmp_path):
+    def test_blank_lines_crlf_and_bom(self, tmp_path: Path) -> None:
         """Blank lines are skipped, Windows line ends and a byte-order mark are accepted."""
         text = "\ufeffarrival_s,prompt_len,output_len\r\n\r\n0,1,1\r\n1,2,2\r\n\r\n"
         path = tmp_path / "t.csv"
         path.write_bytes(text.encode("utf-8"))
         assert load_trace(path).prompt_len.tolist() == [1, 2]
 
-    def test_header_only_is_an_empty_workload(self, tmp_path):
+    def test_header_only_is_an_empty_workload(self, tmp_path: Path) -> None:
         """A header with no rows is an empty workload (what write_trace writes for one)."""
         assert len(load_trace(write(tmp_path, "t.csv", "arrival_s,prompt_len,output_len\n"))) == 0
 
-    def test_name_option(self, tmp_path):
+    def test_name_option(self, tmp_path: Path) -> None:
         """``name=`` overrides the file stem."""
         path = write(tmp_path, "t.csv", "arrival_s,prompt_len,output_len\n0,1,1\n")
         assert load_trace(path, name="mine").name == "mine"
@@ -309,7 +309,7 @@ MALFORMED = [
 
 class TestMalformedRows:
     @pytest.mark.parametrize(("name", "text", "line", "message"), MALFORMED)
-    def test_names_the_file_and_line(self, tmp_path, name, text, line, message):
+    def test_names_the_file_and_line(self, tmp_path: Path, name: str, text: str, line: int, message: str) -> None:
         """The first bad row raises TraceFormatError naming the file and its 1-based line."""
         path = write(tmp_path, name, text)
         with pytest.raises(TraceFormatError, match=message) as caught:
@@ -318,12 +318,12 @@ class TestMalformedRows:
         assert str(caught.value).startswith(f"{path}:{line}: ")
         assert caught.value.path == path
 
-    def test_error_is_a_phasesched_value_error(self):
+    def test_error_is_a_phasesched_value_error(self) -> None:
         """TraceFormatError belongs to both PhaseschedError and ValueError."""
         assert issubclass(TraceFormatError, PhaseschedError)
         assert issubclass(TraceFormatError, ValueError)
 
-    def test_empty_file(self, tmp_path):
+    def test_empty_file(self, tmp_path: Path) -> None:
         """An empty CSV (no header) is an error about the whole file; an empty .jsonl has no requests."""
         for name in ("e.csv", "e.txt"):
             with pytest.raises(TraceFormatError, match="empty") as caught:
@@ -334,29 +334,29 @@ class TestMalformedRows:
         assert len(load_trace(write(tmp_path, "e.jsonl", ""))) == 0
         assert len(load_trace(write(tmp_path, "e.log", "\n"), format="mooncake")) == 0
 
-    def test_missing_file(self, tmp_path):
+    def test_missing_file(self, tmp_path: Path) -> None:
         """A missing file is an OSError, not a format error."""
         with pytest.raises(FileNotFoundError):
             load_trace(tmp_path / "absent.csv")
 
-    def test_sort_option_sorts_stably(self, tmp_path):
+    def test_sort_option_sorts_stably(self, tmp_path: Path) -> None:
         """With ``sort=True`` an out-of-order file is sorted by time, ties kept in file order."""
         path = write(tmp_path, "g.csv", CSV_HEAD + "2,1,1\n0,2,1\n2,3,1\n1,4,1\n")
         w = load_trace(path, sort=True)
         assert (w.arrival_s.tolist(), w.prompt_len.tolist()) == ([0.0, 1.0, 2.0, 2.0], [2, 4, 1, 3])
 
-    def test_azure_times_are_relative_to_the_earliest_row(self, tmp_path):
+    def test_azure_times_are_relative_to_the_earliest_row(self, tmp_path: Path) -> None:
         """A sorted Azure file starts at 0 even when its first row was not the earliest."""
         text = AZURE_HEAD + "2023-11-16 18:17:05.0,1,1\n2023-11-16 18:17:04.5,2,1\n"
         w = load_trace(write(tmp_path, "a.csv", text), sort=True)
         assert w.arrival_s.tolist() == [0.0, 0.5]
 
-    def test_jitter_within_tolerance_is_held(self, tmp_path):
+    def test_jitter_within_tolerance_is_held(self, tmp_path: Path) -> None:
         """A sub-microsecond step back is clock jitter: the time is held at the previous row's."""
         w = load_trace(write(tmp_path, "g.csv", CSV_HEAD + "1.0,1,1\n0.9999999999,1,1\n2,1,1\n"))
         assert w.arrival_s.tolist() == [1.0, 1.0, 2.0]
 
-    def test_zero_output_rules(self, tmp_path):
+    def test_zero_output_rules(self, tmp_path: Path) -> None:
         """Zero-length outputs can be clamped to 1 or dropped instead of rejected."""
         path = write(tmp_path, "g.csv", CSV_HEAD + "0,5,3\n1,6,0\n2,7,2\n")
         clamped = load_trace(path, zero_output="clamp")
@@ -366,14 +366,14 @@ class TestMalformedRows:
         with pytest.raises(ValueError, match="zero_output"):
             load_trace(path, zero_output="ignore")  # type: ignore[arg-type]
 
-    def test_unknown_format_name(self, tmp_path):
+    def test_unknown_format_name(self, tmp_path: Path) -> None:
         """An unknown format name is a ValueError."""
         with pytest.raises(ValueError, match="parquet"):
             load_trace(write(tmp_path, "g.csv", CSV_HEAD), format="parquet")
 
 
 class TestTraceStats:
-    def test_small_example(self):
+    def test_small_example(self) -> None:
         """Statistics of a hand-checked workload."""
         w = Workload("w", [0.0, 0.5, 1.0, 4.0], [10, 20, 30, 40], [1, 1, 2, 8])
         s = trace_stats(w)
@@ -388,26 +388,26 @@ class TestTraceStats:
         assert (s.prompt.min, s.prompt.mean, s.prompt.p50, s.prompt.max) == (10, 25.0, 25.0, 40)
         assert s.output.p90 == pytest.approx(np.percentile([1, 1, 2, 8], 90))
 
-    def test_single_request(self):
+    def test_single_request(self) -> None:
         """One request has no gaps: the rate and CVs are nan, not errors."""
         s = trace_stats(Workload("one", [0.0], [5], [5]))
         assert s.rows == 1
         assert math.isnan(s.mean_rate)
         assert math.isnan(s.interarrival_cv)
 
-    def test_empty_workload_is_refused(self):
+    def test_empty_workload_is_refused(self) -> None:
         """There is nothing to describe in an empty workload."""
         with pytest.raises(ValueError, match="empty"):
             trace_stats(Workload("none", [], [], []))
 
-    def test_to_dict_is_json_ready(self, loaded):
+    def test_to_dict_is_json_ready(self, loaded: dict[str, Workload]) -> None:
         """``to_dict`` nests the length summaries and serialises to JSON."""
         d = trace_stats(loaded[AZURE_CODE]).to_dict()
         assert d["rows"] == 8_819
         assert d["prompt"]["p50"] == 1_469
         assert json.loads(json.dumps(d))["output"]["max"] == 1_899
 
-    def test_format_table(self, loaded):
+    def test_format_table(self, loaded: dict[str, Workload]) -> None:
         """The plain-text table shows the README's numbers."""
         table = trace_stats(loaded[AZURE_CODE]).format_table()
         assert table.startswith("AzureLLMInferenceTrace_code: 8,819 requests over 3,435.9 s")

@@ -9,7 +9,9 @@
 #   4. packs the trimmed wheel with the .so files under flashinfer/data/aot/ into $BUNDLE_DIR,
 #      beside the tvm-ffi wheels and a manifest.json (versions, modules, hashes, build time),
 #   5. installs the bundle with --no-index --no-deps into a scratch target and checks, with JIT
-#      disabled, that every module resolves to its prebuilt .so and that each .so loads.
+#      disabled, that every module resolves to its prebuilt .so and that each .so loads;
+#   6. runs run_check.sh with check.py's preflight short of the GPU (--cpu-preflight): the project's
+#      wheels and the bundle installed as on the GPU machine, entry points, every module loaded.
 #
 # Usage (from anywhere; ~20-30 min of nvcc on 2 cores, nice'd):
 #   PYTHON=/work/main/.venv/bin/python executors/flashinfer/gpu_check/build_bundle.sh
@@ -99,4 +101,14 @@ env FLASHINFER_DISABLE_JIT=1 FLASHINFER_WORKSPACE_BASE="$WORK_DIR/verify-cache" 
     PYTHONPATH="$WORK_DIR/verify:$WORK_DIR/deps" \
     "$PYTHON" "$HERE/bundle.py" verify --site "$WORK_DIR/verify" --load > "$WORK_DIR/verify.json"
 log "verified: $(grep -c '"aot": true' "$WORK_DIR/verify.json") modules prebuilt and loadable"
+
+# --- 6. the GPU check's own preflight, on this CPU ---------------------------------------------
+# run_check.sh as on the GPU machine (project wheels from this tree, the bundle, a fresh target),
+# with check.py's preflight short of the GPU itself: distributions, entry points, every module
+# for the check's dtypes and head dims loaded by FlashInfer's loader (the stub stands in for libcuda).
+env LD_LIBRARY_PATH="$WORK_DIR/stub:$CUDA_HOME/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" \
+    PYTHONPATH="$WORK_DIR/deps" PYTHON="$PYTHON" BUNDLE_DIR="$BUNDLE_DIR" SITE_DIR="$WORK_DIR/preflight-site" \
+    CHECK_ARGS="--cpu-preflight" bash "$HERE/run_check.sh" "$WORK_DIR/preflight-out" \
+    || die "the GPU check's preflight refuses this bundle (see $WORK_DIR/preflight-out/check.log)"
+log "the GPU check's preflight passes on this CPU (all but the GPU)"
 log "bundle: $(du -sh "$BUNDLE_DIR" | cut -f1) in $BUNDLE_DIR; total $(( $(date +%s) - START )) s"

@@ -14,6 +14,15 @@
 * ``pack``: zip the tree back into a wheel with a correct ``RECORD``.
 * ``verify``: in a ``pip install --target`` of the packed wheel, with JIT disabled, check that
   every module resolves to its prebuilt ``.so`` (and, given ``--load``, that the ``.so`` loads).
+* ``project-wheels``: wheels of the project's own packages (``phasesched``, ``phasesched-torch``,
+  ``phasesched-flashinfer``) from the working tree, with the standard library alone: no
+  network, no build backend, so ``run_check.sh`` builds them on the GPU machine from the tree it
+  was sent and installs them like the FlashInfer wheel (real distributions, so the policies'
+  and executors' entry points exist), never from stale copies.
+* ``stand-in``: a bundle for rehearsing the check on a CPU: a ``flashinfer`` wheel holding the
+  test suite's CPU stand-in of the kernels and loadable placeholder ``.so`` files where the
+  prebuilt modules go, a placeholder ``apache-tvm-ffi`` wheel, and a manifest saying
+  ``"kernels": "stand-in"`` (``check.py`` then runs on the CPU, with tiny models).
 
 The module list is the single source of truth for what the GPU check may run: fa2 batch
 prefill (which the decode wrapper also runs, with ``use_tensor_cores=True``) for each dtype and
@@ -31,8 +40,14 @@ import shutil
 import sys
 import time
 import zipfile
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
+
+PROJECT_PACKAGES = (".", "executors/torch", "executors/flashinfer")
+"""The project's distributions, by their folder in the repository (each has a pyproject.toml)."""
+STAND_IN_FAKE = "tests/executors/flashinfer/fake_flashinfer.py"
+"""The CPU stand-in of FlashInfer's kernels the stand-in bundle carries as its ``flashinfer``."""
 
 DTYPES = ("bfloat16", "float16")
 HEAD_DIMS = (128,)
@@ -221,6 +236,135 @@ def _try_load(getter: Any) -> str:
     return "loaded"
 
 
+def write_wheel(  # noqa: PLR0913 -- the parts of one wheel
+    out_dir: Path,
+    name: str,
+    version: str,
+    files: Mapping[str, bytes],
+    *,
+    metadata: tuple[str, ...] = (),
+    entry_points: Mapping[str, Mapping[str, str]] | None = None,
+    tag: str = "py3-none-any",
+) -> Path:
+    """A wheel (PEP 427) of ``files`` (archive path -> content) with METADATA, WHEEL, entry points, RECORD."""
+    dist = name.replace("-", "_")
+    info = f"{dist}-{version}.dist-info"
+    contents = dict(files)
+    contents[f"{info}/METADATA"] = "\n".join(
+        ["Metadata-Version: 2.1", f"Name: {name}", f"Version: {version}", *metadata, ""]
+    ).encode()
+    contents[f"{info}/WHEEL"] = (
+        f"Wheel-Version: 1.0\nGenerator: phasesched-gpu-check\nRoot-Is-Purelib: true\nTag: {tag}\n"
+    ).encode()
+    if entry_points:
+        sections = [
+            f"[{group}]\n" + "".join(f"{key} = {target}\n" for key, target in sorted(points.items()))
+            for group, points in sorted(entry_points.items())
+        ]
+        contents[f"{info}/entry_points.txt"] = "\n".join(sections).encode()
+    path = out_dir / f"{dist}-{version}-{tag}.whl"
+    out_dir.mkdir(parents=True, exist_ok=True)
+    rows = [f"{arc},{_record_hash(data)},{len(data)}" for arc, data in sorted(contents.items())]
+    rows.append(f"{info}/RECORD,,")
+    with zipfile.ZipFile(path, "w", compression=zipfile.ZIP_DEFLATED) as wheel:
+        for arc, data in sorted(contents.items()):
+            wheel.writestr(arc, data)
+        wheel.writestr(f"{info}/RECORD", "\n".join(rows) + "\n")
+    return path
+
+
+def _metadata_lines(project: Mapping[str, Any]) -> tuple[str, ...]:
+    lines = [f"Requires-Python: {project['requires-python']}"] if "requires-python" in project else []
+    lines += [f"Requires-Dist: {req}" for req in project.get("dependencies", [])]
+    for extra, requirements in project.get("optional-dependencies", {}).items():
+        lines.append(f"Provides-Extra: {extra}")
+        lines += [f"Requires-Dist: {req}; extra == '{extra}'" for req in requirements]  # hatchling's quotes
+    return tuple(lines)
+
+
+def project_wheel(folder: Path, out_dir: Path) -> Path:
+    """The wheel of the distribution whose ``pyproject.toml`` is in ``folder`` (hatchling's layout).
+
+    The packages are those ``[tool.hatch.build.targets.wheel] packages`` names, every file under
+    them but bytecode; the metadata and entry points are ``[project]``'s.
+    """
+    import tomllib  # noqa: PLC0415 -- Python 3.11+, which the GPU image (3.12) has
+
+    pyproject = tomllib.loads((folder / "pyproject.toml").read_text())
+    project = pyproject["project"]
+    files: dict[str, bytes] = {}
+    for package in pyproject["tool"]["hatch"]["build"]["targets"]["wheel"]["packages"]:
+        root = folder / package
+        for path in sorted(root.rglob("*")):
+            if path.is_file() and "__pycache__" not in path.parts and path.suffix != ".pyc":
+                files[f"{root.name}/{path.relative_to(root).as_posix()}"] = path.read_bytes()
+    entry_points = {group: dict(points) for group, points in project.get("entry-points", {}).items()}
+    if "scripts" in project:
+        entry_points["console_scripts"] = dict(project["scripts"])
+    return write_wheel(
+        out_dir,
+        project["name"],
+        project["version"],
+        files,
+        metadata=_metadata_lines(project),
+        entry_points=entry_points,
+    )
+
+
+def cmd_project_wheels(args: argparse.Namespace) -> None:
+    """Write the project's wheels into ``--out`` (replacing any there)."""
+    out = Path(args.out)
+    if out.exists():
+        shutil.rmtree(out)
+    for folder in PROJECT_PACKAGES:
+        _log(f"wheel {project_wheel(Path(args.repo) / folder, out).name}")
+
+
+def _loadable_placeholder() -> bytes:
+    """A real shared library that loads without a GPU: this Python's ``_ctypes`` extension."""
+    import _ctypes  # noqa: PLC0415
+
+    return Path(_ctypes.__file__).read_bytes()
+
+
+def cmd_stand_in(args: argparse.Namespace) -> None:
+    """Write a stand-in bundle into ``--bundle``: CPU kernels, placeholder modules and tvm-ffi, a manifest."""
+    bundle, repo = Path(args.bundle), Path(args.repo)
+    bundle.mkdir(parents=True, exist_ok=True)
+    for old in bundle.glob("*.whl"):
+        old.unlink()
+    version, tvm_version = "0.7.2.post1", "0.1.15.post2"
+    placeholder = _loadable_placeholder()
+    files = {
+        "flashinfer/__init__.py": (
+            '"""CPU stand-in of flashinfer for rehearsing the GPU check (phasesched\'s test fake)."""\n\n'
+            "from flashinfer._standin import *  # noqa: F403\n"
+            "from flashinfer._standin import CpuGraphRuntime\n\n"
+            f'__version__ = "{version}+standin"\n'
+        ).encode(),
+        "flashinfer/_standin.py": (repo / STAND_IN_FAKE).read_bytes(),
+    }
+    files |= {f"flashinfer/data/aot/{name}/{name}.so": placeholder for name in args.module}
+    write_wheel(bundle, "flashinfer-python", version, files)
+    doc = '"""Placeholder of apache-tvm-ffi (stand-in bundle)."""'
+    tvm = {"tvm_ffi/__init__.py": f'{doc}\n\n__version__ = "{tvm_version}"\n'.encode()}
+    write_wheel(bundle, "apache-tvm-ffi", tvm_version, tvm)
+    manifest = {
+        "kernels": "stand-in",
+        "flashinfer_version": version,
+        "tvm_ffi_version": tvm_version,
+        "cuda_arch_list": "",
+        "nvcc": None,
+        "dtypes": list(DTYPES),
+        "head_dims": list(HEAD_DIMS),
+        "modules": {name: {"bytes": len(placeholder)} for name in args.module},
+        "built_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "bundle_bytes": sum(p.stat().st_size for p in bundle.glob("*.whl")),
+    }
+    (bundle / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
+    _log(f"stand-in bundle in {bundle}: {len(args.module)} placeholder modules")
+
+
 def main(argv: list[str] | None = None) -> None:
     """Parse the subcommand and run it."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -242,8 +386,23 @@ def main(argv: list[str] | None = None) -> None:
     verify = sub.add_parser("verify")
     verify.add_argument("--site", required=True)
     verify.add_argument("--load", action="store_true", help="also load each .so (needs libcuda.so.1, a stub will do)")
+    wheels = sub.add_parser("project-wheels")
+    wheels.add_argument("--repo", required=True, help="the repository root")
+    wheels.add_argument("--out", required=True, help="folder for the wheels (emptied first)")
+    stand_in = sub.add_parser("stand-in")
+    stand_in.add_argument("--repo", required=True, help="the repository root")
+    stand_in.add_argument("--bundle", required=True, help="folder for the stand-in bundle")
+    stand_in.add_argument("--module", action="append", default=[], help="a module name to place (repeatable)")
     args = parser.parse_args(argv)
-    commands = {"trim": cmd_trim, "aot": cmd_aot, "pack": cmd_pack, "manifest": cmd_manifest, "verify": cmd_verify}
+    commands = {
+        "trim": cmd_trim,
+        "aot": cmd_aot,
+        "pack": cmd_pack,
+        "manifest": cmd_manifest,
+        "verify": cmd_verify,
+        "project-wheels": cmd_project_wheels,
+        "stand-in": cmd_stand_in,
+    }
     commands[args.command](args)
 
 

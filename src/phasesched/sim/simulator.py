@@ -45,6 +45,7 @@ from phasesched.errors import PhaseschedError, RequestRejectedError
 from phasesched.executor import StepResult
 from phasesched.metrics.recorder import MetricsRecorder, Role, WorkerRecorder
 from phasesched.metrics.summary import RunMetrics, summarize
+from phasesched.pd.routing import WorkerLoad, pick_worker
 from phasesched.plan import StepPlan
 from phasesched.policies.policy import SchedulingPolicy
 from phasesched.prefix_cache import CacheStats
@@ -148,14 +149,10 @@ class _Worker:
         """Free KV pages, as stepping one by one would see them."""
         return self.scheduler.kv.num_free_pages - self.finishing_pages
 
-    def has_room(self, num_tokens: int) -> bool:
-        """Whether ``num_tokens`` of KV fit in the free pages an admission may take now.
-
-        Requests already waiting are not subtracted: they count as load, which ranks workers
-        that have room.
-        """
+    def routing_load(self) -> WorkerLoad:
+        """What the router sees of this worker (requests already waiting count as load, not as pages)."""
         kv = self.scheduler.kv
-        return kv.pages_for(num_tokens) <= self.free_pages - kv.watermark_pages
+        return WorkerLoad(self.index, self.load, self.free_pages, kv.watermark_pages, kv.page_size)
 
     @property
     def cost(self) -> CostModel:
@@ -218,8 +215,8 @@ class Simulator:
         self._sequence = itertools.count()
         self._link_version = 0
         self._awaiting_decode: dict[str, Request] = {}
-        self._held: dict[str, tuple[_Worker, int]] = {}
-        """Per request between prefill and decode admission: its prefill worker and the KV table held there."""
+        self._held: dict[str, _Worker] = {}
+        """Per request between prefill and decode admission: the prefill worker holding its KV."""
         self._unheld: dict[int, _Worker] = {}
         """Prefill workers whose held KV was let go since they last had the chance to start a step."""
         self._issued = 0
@@ -385,6 +382,7 @@ class Simulator:
             self._failed(request.request_id, error, now)
             return None
         if role is Role.PREFILL:
+            worker.scheduler.hold_kv(request.request_id)  # its pages outlive the prefill until let go
             self._awaiting_decode[request.request_id] = request
         self.recorder.arrive(request, now)
         return worker
@@ -413,8 +411,8 @@ class Simulator:
         few requests it runs), then the fewest requests. Where every worker has room, as with
         ample KV, that is plain least-loaded routing, so such runs route as they always did.
         """
-        candidates = [w for w in self.workers if w.role is role]
-        return min(candidates, key=lambda w: (not w.has_room(num_tokens), w.load, w.index))
+        index = pick_worker((w.routing_load() for w in self.workers if w.role is role), num_tokens)
+        return self.workers[index]
 
     # ---------------------------------------------------------------- the KV link
     def _start_transfer(self, request_id: str, now: float) -> None:
@@ -430,22 +428,17 @@ class Simulator:
         self._reschedule_link()
 
     def _hold(self, worker: _Worker, request_id: str) -> None:
-        """Keep the prompt's KV on its prefill worker until a decode worker admits the request.
+        """Note that the prompt's KV stays on its prefill worker until a decode worker admits the request.
 
-        The scheduler has just freed the finished prefill's pages; they are taken again at
-        once, before anything is scheduled, so they are always there to take.
+        The scheduler held the finished prefill's pages (:meth:`Scheduler.hold_kv`).
         """
-        kv = worker.scheduler.kv
-        table = kv.open()
-        kv.grow_to(table, self._awaiting_decode[request_id].prompt_len)
-        self._held[request_id] = (worker, table)
+        self._held[request_id] = worker
 
     def _let_go(self, request_id: str) -> None:
         """Free the prefill worker's copy of a request's KV, and let that worker start a step."""
-        held = self._held.pop(request_id, None)  # a readmission after a preemption holds nothing
-        if held is not None:
-            worker, table = held
-            worker.scheduler.kv.free(table)
+        worker = self._held.pop(request_id, None)  # a readmission after a preemption holds nothing
+        if worker is not None:
+            worker.scheduler.release_kv(request_id)
             self._unheld[worker.index] = worker
 
     def _link_progress(self, now: float) -> None:

@@ -13,16 +13,21 @@ from __future__ import annotations
 
 import math
 from collections import Counter
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import pytest
 
-torch = pytest.importorskip("torch")
+pytest.importorskip("torch")
+import torch
 
-from phasesched_torch import paged_attention  # noqa: E402
+from phasesched_flashinfer._graphs import buffer_addresses, check_addresses
+from phasesched_torch import paged_attention
 
 CALLS: Counter[str] = Counter()
 """Calls by name, across every fake wrapper (reset it in a test before counting)."""
+_CAPTURING = [False]
+"""Whether a :class:`CpuGraphRuntime` is capturing (``plan()`` is not capturable, as in FlashInfer)."""
 
 
 def _expect(ok: bool, message: str) -> None:
@@ -75,6 +80,33 @@ class _Planned:
         return out
 
 
+def flashinfer_rounding(planned: _Planned, q: torch.Tensor, cache: torch.Tensor) -> torch.Tensor:
+    """Attention with FlashInfer's fa2 rounding, for measuring what it costs against the tolerance.
+
+    As the FlashInfer notes describe the kernels: scores in float32, ``exp2`` of the
+    max-subtracted scores, the probabilities rounded to ``q``'s dtype before the PV product
+    (accumulated in float32), and the row sum (from the unrounded probabilities) divided out at
+    the end. The plain stand-in computes in float32 throughout.
+    """
+    hq, hkv, d, page = planned.heads
+    group = hq // hkv
+    qo, kvp, idx, last = (t.long() for t in (planned.qo, planned.kvp, planned.idx, planned.last))
+    out = torch.empty_like(q)
+    for b in range(len(last)):
+        q0, q1 = int(qo[b]), int(qo[b + 1])
+        pages = idx[kvp[b] : kvp[b + 1]]
+        n = (len(pages) - 1) * page + int(last[b])
+        k = cache[pages, 0].reshape(-1, hkv, d)[:n].float().repeat_interleave(group, 1)
+        v = cache[pages, 1].reshape(-1, hkv, d)[:n].float().repeat_interleave(group, 1)
+        scores = torch.einsum("qhd,khd->hqk", q[q0:q1].float(), k) / math.sqrt(d)
+        query_pos = torch.arange(q1 - q0) + (n - (q1 - q0))
+        scores = scores.masked_fill(torch.arange(n)[None, :] > query_pos[:, None], -math.inf)
+        probs = torch.exp2((scores - scores.amax(-1, keepdim=True)) * math.log2(math.e))
+        pv = torch.einsum("hqk,khd->qhd", probs.to(q.dtype).float(), v)
+        out[q0:q1] = (pv / probs.sum(-1).transpose(0, 1)[..., None]).to(q.dtype)
+    return out
+
+
 class BatchPrefillWithPagedKVCacheWrapper:
     """Fake of ``flashinfer.BatchPrefillWithPagedKVCacheWrapper`` (eager mode only)."""
 
@@ -100,6 +132,7 @@ class BatchPrefillWithPagedKVCacheWrapper:
         q_data_type: Any = "float16",
         kv_data_type: Any = None,
     ) -> None:
+        _expect(not _CAPTURING[0], "plan() cannot run inside a CUDA graph capture")
         _host_int32(qo_indptr=qo_indptr, paged_kv_indptr=paged_kv_indptr, paged_kv_last_page_len=paged_kv_last_page_len)
         _expect(paged_kv_indices.dtype == torch.int32, "paged_kv_indices must be int32")
         _expect(
@@ -120,7 +153,12 @@ class BatchPrefillWithPagedKVCacheWrapper:
 
 
 class BatchDecodeWithPagedKVCacheWrapper:
-    """Fake of ``flashinfer.BatchDecodeWithPagedKVCacheWrapper`` (eager mode; graphs need CUDA)."""
+    """Fake of ``flashinfer.BatchDecodeWithPagedKVCacheWrapper``, eager or in CUDA-graph mode.
+
+    In graph mode, as in FlashInfer, the batch size is fixed by the buffers given at
+    construction, ``plan()`` copies the step's layout into them, and ``run()`` reads them when
+    it runs (a replayed graph's kernel reads the buffers then), never the tensors ``plan()`` saw.
+    """
 
     def __init__(
         self,
@@ -136,10 +174,28 @@ class BatchDecodeWithPagedKVCacheWrapper:
     ) -> None:
         _expect(float_workspace_buffer.dtype == torch.uint8, "the workspace is a uint8 buffer")
         _expect(kv_layout == "NHD" and backend == "fa2", f"the executor pins NHD and fa2, got {kv_layout}, {backend}")
-        _expect(not use_cuda_graph, "the CPU fake has no CUDA graphs")
-        del paged_kv_indptr_buffer, paged_kv_indices_buffer, paged_kv_last_page_len_buffer
         self.use_tensor_cores = use_tensor_cores
+        self.use_cuda_graph = use_cuda_graph
+        self._fixed: dict[str, torch.Tensor] = {}
+        if use_cuda_graph:
+            fixed = {
+                "indptr": paged_kv_indptr_buffer,
+                "indices": paged_kv_indices_buffer,
+                "last_page_len": paged_kv_last_page_len_buffer,
+            }
+            for name, buffer in fixed.items():
+                _expect(buffer is not None, f"graph mode needs a fixed {name} buffer")
+                assert buffer is not None
+                _device_int32(float_workspace_buffer.device, **{name: buffer})
+                self._fixed[name] = buffer
+            _expect(len(self._fixed["indptr"]) == len(self._fixed["last_page_len"]) + 1, "indptr holds B + 1 entries")
+        self._addresses = buffer_addresses(self._fixed)
         self._planned: _Planned | None = None
+
+    @property
+    def fixed_batch_size(self) -> int:
+        """The batch size a graph-mode wrapper serves (its buffers fix it)."""
+        return len(self._fixed["last_page_len"])
 
     def plan(
         self,
@@ -155,6 +211,7 @@ class BatchDecodeWithPagedKVCacheWrapper:
         q_data_type: Any = "float16",
         kv_data_type: Any = None,
     ) -> None:
+        _expect(not _CAPTURING[0], "plan() cannot run inside a CUDA graph capture")
         _host_int32(indptr=indptr, last_page_len=last_page_len)
         _expect(indices.dtype == torch.int32, "indices must be int32")
         _expect(
@@ -162,15 +219,84 @@ class BatchDecodeWithPagedKVCacheWrapper:
             "RoPE is applied outside; q and kv share a dtype",
         )
         CALLS["decode.plan"] += 1
-        qo = torch.arange(len(last_page_len) + 1, dtype=torch.int32)
         heads = (num_qo_heads, num_kv_heads, head_dim, page_size)
+        batch = len(last_page_len)
+        if self.use_cuda_graph:
+            check_addresses(self._addresses, self._fixed)
+            _expect(batch == self.fixed_batch_size, f"a {batch}-slice step on a graph of {self.fixed_batch_size}")
+            _expect(len(indices) <= len(self._fixed["indices"]), "more page ids than the fixed buffer holds")
+            self._fixed["indptr"].copy_(indptr)
+            self._fixed["last_page_len"].copy_(last_page_len)
+            self._fixed["indices"][: len(indices)].copy_(indices)
+            self._heads, self._dtype = heads, q_data_type
+            return
+        qo = torch.arange(batch + 1, dtype=torch.int32)
         self._planned = _Planned(qo, indptr, indices, last_page_len, heads, q_data_type, True)
 
     def run(self, q: torch.Tensor, paged_kv_cache: torch.Tensor) -> torch.Tensor:
+        CALLS["decode.run"] += 1
+        if self.use_cuda_graph:
+            check_addresses(self._addresses, self._fixed)
+            batch = self.fixed_batch_size
+            _expect(q.shape[0] == batch, f"q has {q.shape[0]} rows; the graph's batch is {batch}")
+            indptr = self._fixed["indptr"].cpu()
+            indices = self._fixed["indices"][: int(indptr[-1])]
+            qo = torch.arange(batch + 1, dtype=torch.int32)
+            planned = _Planned(qo, indptr, indices, self._fixed["last_page_len"].cpu(), self._heads, self._dtype, True)
+            return planned.run(q, paged_kv_cache)
         _expect(self._planned is not None, "run() before plan()")
         assert self._planned is not None
-        CALLS["decode.run"] += 1
         return self._planned.run(q, paged_kv_cache)
+
+
+class _CpuGraph:
+    """One "captured" step: a replay checks the buffers' allocations and reruns the captured closure."""
+
+    def __init__(
+        self, step: Callable[[], torch.Tensor], output: torch.Tensor, buffers: Mapping[str, torch.Tensor]
+    ) -> None:
+        self._step = step
+        self.output = output
+        self._addresses = buffer_addresses(buffers)
+        self.replays = 0
+
+    def replay(self, buffers: Mapping[str, torch.Tensor]) -> None:
+        check_addresses(self._addresses, buffers)
+        # The closure reads what it captured (token ids, metadata views, the wrapper): like a
+        # graph's kernels, it sees new inputs only if they were written into those buffers.
+        _CAPTURING[0] = True
+        try:
+            result = self._step()
+        finally:
+            _CAPTURING[0] = False
+        _expect(result.shape == self.output.shape, "a replay's output changed shape")
+        self.output.copy_(result)
+        self.replays += 1
+
+
+class CpuGraphRuntime:
+    """Stand-in for CUDA graphs on the CPU, enforcing their rules.
+
+    A capture runs the step (twice to warm up, once captured) with ``plan()`` forbidden; a
+    replay refuses buffers reallocated since the capture
+    (:class:`~phasesched_flashinfer.StaleGraphBufferError`), reruns the captured closure, and
+    writes its result into the captured output tensor.
+    """
+
+    def __init__(self) -> None:
+        self.graphs: list[_CpuGraph] = []
+
+    def capture(self, step: Callable[[], torch.Tensor], buffers: Mapping[str, torch.Tensor]) -> _CpuGraph:
+        _CAPTURING[0] = True
+        try:
+            for _ in range(2):
+                step()
+            output = step()
+        finally:
+            _CAPTURING[0] = False
+        graph = _CpuGraph(step, output, buffers)
+        self.graphs.append(graph)
+        return graph
 
 
 def _rotate_inplace(x: torch.Tensor, positions: torch.Tensor, inv_freq: torch.Tensor) -> None:

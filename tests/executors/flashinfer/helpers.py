@@ -6,19 +6,21 @@ from typing import cast
 
 import pytest
 
-torch = pytest.importorskip("torch")
+pytest.importorskip("torch")
+import torch
+
 pytest.importorskip(
     "phasesched_flashinfer", reason="install executors/flashinfer (pip install -e executors/flashinfer)"
 )
 
-import numpy as np  # noqa: E402
-from hypothesis import strategies as st  # noqa: E402
+import numpy as np
+from hypothesis import strategies as st
 
-from phasesched import PolicyOptions, Request, SchedulingPolicy, StepPlan, load_policy  # noqa: E402
-from phasesched.plan import build_step_plan  # noqa: E402
-from phasesched_flashinfer import FlashInferExecutor, FlashInferKernels  # noqa: E402
-from phasesched_torch import Llama3RopeScaling, LlamaConfig, LlamaModel, TorchExecutor  # noqa: E402
-from tests.executors.flashinfer import fake_flashinfer  # noqa: E402
+from phasesched import PolicyOptions, Request, SchedulingPolicy, StepPlan, load_policy
+from phasesched.plan import build_step_plan
+from phasesched_flashinfer import FlashInferExecutor, FlashInferKernels
+from phasesched_torch import Llama3RopeScaling, LlamaConfig, LlamaModel, TorchExecutor
+from tests.executors.flashinfer import fake_flashinfer
 
 CPU_MODEL = LlamaConfig(
     vocab_size=512,

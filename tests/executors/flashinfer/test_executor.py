@@ -12,15 +12,17 @@ from pathlib import Path
 
 import pytest
 
-torch = pytest.importorskip("torch")
+pytest.importorskip("torch")
+import torch
+
 pytest.importorskip("phasesched_flashinfer", reason="install executors/flashinfer")
 
-import attrs  # noqa: E402
-import numpy as np  # noqa: E402
+import attrs
+import numpy as np
 
-import phasesched_flashinfer  # noqa: E402
-from phasesched import EXECUTORS, Executor, InvalidPlanError  # noqa: E402
-from phasesched_flashinfer import (  # noqa: E402
+import phasesched_flashinfer
+from phasesched import EXECUTORS, Executor, InvalidPlanError
+from phasesched_flashinfer import (
     FlashInferAttention,
     FlashInferExecutor,
     FlashInferUnavailableError,
@@ -29,16 +31,11 @@ from phasesched_flashinfer import (  # noqa: E402
     load_flashinfer,
     step_metadata,
 )
-from phasesched_flashinfer._check import (  # noqa: E402
-    LockstepReport,
-    attention_kernel_check,
-    decode_plan,
-    lockstep_compare,
-    time_decode,
-)
-from phasesched_torch import LlamaModel, PlanNotExecutableError, TorchExecutor, UnsupportedConfigError  # noqa: E402
-from tests.executors.flashinfer import fake_flashinfer  # noqa: E402
-from tests.executors.flashinfer.helpers import (  # noqa: E402
+from phasesched_flashinfer._check import LockstepReport, attention_kernel_check, lockstep_compare
+from phasesched_flashinfer._timing import decode_plan, time_decode
+from phasesched_torch import LlamaConfig, LlamaModel, PlanNotExecutableError, TorchExecutor, UnsupportedConfigError
+from tests.executors.flashinfer import fake_flashinfer
+from tests.executors.flashinfer.helpers import (
     CPU_MODEL,
     CPU_MODEL_LLAMA31,
     FAKE,
@@ -47,7 +44,7 @@ from tests.executors.flashinfer.helpers import (  # noqa: E402
     fake_executor,
     mixed_requests,
 )
-from tests.executors.torch.helpers import TINY, synthetic_plan  # noqa: E402
+from tests.executors.torch.helpers import TINY, synthetic_plan
 
 FLASHINFER_IMPORTABLE = importlib.util.find_spec("flashinfer") is not None
 
@@ -61,7 +58,7 @@ class TestAgainstTheTorchExecutor:
             (CPU_MODEL_LLAMA31, torch.bfloat16, "rope_llama31"),
         ],
     )
-    def test_lockstep_tokens_and_logits(self, config, dtype, rope_call: str) -> None:
+    def test_lockstep_tokens_and_logits(self, config: LlamaConfig, dtype: torch.dtype, rope_call: str) -> None:
         """Same plans, same weights: logits within bf16/fp16 noise, tokens equal but at near ties."""
         fake_flashinfer.CALLS.clear()
         reference, candidate = executor_pair(config, dtype, num_pages=64, page_size=4)
@@ -120,6 +117,12 @@ class TestValidation:
         with pytest.raises(UnsupportedConfigError, match="head_dim 16"):
             FlashInferExecutor(LlamaModel.random(TINY, dtype=torch.bfloat16), num_pages=8, kernels=FAKE)
 
+    def test_rejects_sliding_windows(self) -> None:
+        """A Mistral window is refused when the executor is built, before any step could attend past it."""
+        config = attrs.evolve(CPU_MODEL, model_type="mistral", sliding_window=8)
+        with pytest.raises(UnsupportedConfigError, match="sliding_window=8"):
+            FlashInferExecutor(LlamaModel.random(config, dtype=torch.bfloat16), num_pages=8, kernels=FAKE)
+
     def test_real_kernels_need_a_cuda_model(self) -> None:
         """Without a stand-in, a model on the CPU is refused with FlashInferUnavailableError."""
         with pytest.raises(FlashInferUnavailableError, match="CUDA"):
@@ -171,7 +174,9 @@ class TestValidation:
         ("jit_env", "explicit", "expected"),
         [
             (None, None, False),  # 2 query heads per kv head: FlashInfer's CUDA-core decode
-            ("0", None, False),
+            ("", None, False),  # empty: FlashInfer compiles (its test is `if os.environ.get(...)`)
+            ("0", None, True),  # any other value disables FlashInfer's JIT, "0" and "false" too
+            ("false", None, True),
             ("1", None, True),  # JIT disabled (the offline bundle): tensor cores, whose module is prebuilt
             ("1", False, False),  # an explicit choice stands
             (None, True, True),
@@ -252,33 +257,44 @@ class TestHarness:
             rel_tol=2e-2,
         )
         assert not report.passed
-        assert report.unexplained_mismatches > 0
+        assert report.max_rel_logit_diff > 10 * report.rel_tol  # the logits fail; any token may then differ
 
     def test_lockstep_report_counts_near_ties(self) -> None:
-        """A token may differ only where the reference's top-two margin is within tie_margin; both are counted."""
+        """A token may differ only where the reference's top-two margin is within twice the row's deviation."""
         from phasesched import StepResult  # noqa: PLC0415
         from phasesched_torch import StepLogits  # noqa: PLC0415
 
         plan = synthetic_plan([5, 6, 7], [1, 1, 1], [[0, 1], [2, 3], [4, 5]], page_size=4)
         ids = ("s0", "s1", "s2")
-        # Row 0: a near tie (margin 0.01 of the scale 1.0 <= 0.02), tokens differ: allowed.
-        # Row 1: a near tie whose tokens agree. Row 2: a clear winner (margin 0.5), tokens differ.
+        # Every row moves by 0.006: margins up to 0.012 are near ties.
+        # Row 0: margin 0.01, tokens differ: allowed. Row 1: margin 0.005, tokens agree.
+        # Row 2: a clear winner (margin 0.5), tokens differ: unexplained.
         ref = torch.tensor([[1.0, 0.99, 0.0], [1.0, 0.995, 0.0], [1.0, 0.5, 0.0]])
+        cand = ref + torch.tensor([[-0.006, 0.006, 0.0]])
         report = LockstepReport(rel_tol=1e-2)
-        assert report.tie_margin == pytest.approx(2e-2)
 
         def add(tokens: list[int]) -> None:
             """One step whose reference samples token 0 everywhere and the other sampled ``tokens``."""
             results = (StepResult(0, np.array([0, 0, 0])), StepResult(0, np.array(tokens)))
-            report.add(plan, StepLogits(0, ids, ref), StepLogits(0, ids, ref.clone()), results)
+            report.add(plan, StepLogits(0, ids, ref), StepLogits(0, ids, cand), results)
 
         add([1, 0, 0])
         assert (report.sampled_tokens, report.near_ties, report.token_mismatches) == (3, 2, 1)
         assert (report.near_tie_mismatches, report.unexplained_mismatches) == (1, 0)
+        assert report.near_tie_share == pytest.approx(2 / 3)
         assert report.passed
         add([0, 0, 1])
         assert (report.token_mismatches, report.near_tie_mismatches, report.unexplained_mismatches) == (2, 1, 1)
         assert not report.passed
+
+    def test_counts_where_decode_only_steps_start(self) -> None:
+        """The report says when the first decode-only step came and how short its context was."""
+        report = LockstepReport(rel_tol=1.0)
+        report._count_step(synthetic_plan([0, 0], [5, 3], [[0, 1], [2]], page_size=4))
+        report._count_step(synthetic_plan([5, 3], [1, 1], [[0, 1], [2]], page_size=4))
+        assert (report.steps, report.decode_only_steps, report.first_decode_only_step) == (2, 1, 1)
+        assert report.min_decode_context == 4
+        assert report.mixed_steps == 0
 
     def test_attention_kernel_check(self) -> None:
         """The kernel comparison runs both wrappers on its batches (the stand-in is the reference)."""
@@ -292,9 +308,11 @@ class TestHarness:
         executor = fake_executor(LlamaModel.random(CPU_MODEL, dtype=torch.bfloat16), num_pages=64, page_size=4)
         timing = time_decode(executor, batch_size=3, context=30, repeats=2, warmup=1)
         assert (timing.batch_size, timing.context, timing.graph_step_s) == (3, 30, None)
-        for value in (timing.step_s, timing.prepare_s, timing.forward_s, timing.attention_s, timing.rope_append_s):
-            assert 0 < value < 60
-        assert 0 < timing.attention_fraction < 1
+        parts = (timing.step_s, timing.prepare_s, timing.forward_s, timing.attention_s, timing.rope_append_s)
+        assert all(isinstance(value, float) and value > 0 for value in parts)
+        # Wall-clock medians of separate runs need not add up, so no inequality between them is
+        # asserted (issue 10); the fraction is exactly the quotient of the two measured fields.
+        assert timing.attention_fraction == timing.attention_s / timing.step_s
 
     def test_decode_plan_is_valid(self) -> None:
         """The synthetic decode plan passes the plan's own consistency checks."""
@@ -302,6 +320,7 @@ class TestHarness:
         plan.check_layout()
         assert plan.num_decodes == 5
         assert plan.kv_len.tolist() == [33] * 5
+        assert plan.input_ids is not None
         assert np.all(plan.input_ids < 7)
 
 
@@ -339,6 +358,31 @@ class TestPackaging:
 
     def test_doctests(self) -> None:
         """The package's docstring examples (if any) run."""
-        for module in ("_attention", "_check", "_executor", "_graphs", "_kernels", "_metadata"):
+        for module in ("_attention", "_check", "_executor", "_graphs", "_kernels", "_metadata", "_planted", "_timing"):
             result = doctest.testmod(importlib.import_module(f"phasesched_flashinfer.{module}"))
             assert result.failed == 0, module
+
+
+class TestStepAccounting:
+    def test_decode_bytes_and_prefill_flops(self) -> None:
+        """Bandwidth counts every linear weight and the KV read once; FLOPs count weights per row and causal pairs."""
+        from phasesched_flashinfer._timing import StepTiming, step_accounting  # noqa: PLC0415
+
+        model = LlamaModel.random(CPU_MODEL, dtype=torch.bfloat16)
+        c = CPU_MODEL
+        layer = (c.num_heads + 2 * c.num_kv_heads) * c.head_dim * c.hidden_size  # qkv
+        layer += c.hidden_size * c.num_heads * c.head_dim + 3 * c.intermediate_size * c.hidden_size
+        linear, head = c.num_layers * layer, c.vocab_size * c.hidden_size
+        kv_per_token = 2 * c.num_layers * c.num_kv_heads * c.head_dim * 2
+        decode = StepTiming(4, 100, 4, step_s=2e-3, prepare_s=1e-4, forward_s=1e-3, attention_s=5e-4, rope_append_s=0)
+        got = step_accounting(model, decode, hbm_bytes_per_s=1e12)
+        assert got["hbm_bytes"] == (linear + head) * 2 + 4 * 100 * kv_per_token
+        assert got["hbm_utilization"] == pytest.approx(got["hbm_bytes"] / 1e-3 / 1e12)
+        assert (got["outside_kernels_s"], got["outside_kernels_share"]) == pytest.approx((1e-3, 0.5))
+        prefill = StepTiming(1, 24, 16, step_s=1e-2, prepare_s=0, forward_s=1e-2, attention_s=1e-3, rope_append_s=0)
+        got = step_accounting(model, prefill, peak_flops=1e15)
+        pairs = 16 * 8 + 16 * 17 // 2  # 16 queries after 8 cached tokens, causal among themselves
+        attention = 4 * c.num_heads * c.head_dim * pairs * c.num_layers
+        assert got["flops"] == 2 * linear * 16 + 2 * head + attention
+        assert got["attention_tflops"] == pytest.approx(attention / 1e-3 / 1e12)
+        assert got["flops_utilization"] == pytest.approx(got["flops"] / 1e-2 / 1e15)

@@ -11,15 +11,25 @@ import importlib.util
 
 import pytest
 
-torch = pytest.importorskip("torch")
+pytest.importorskip("torch")
+import torch
+
 pytest.importorskip("phasesched_flashinfer", reason="install executors/flashinfer")
 
-import attrs  # noqa: E402
+import attrs
 
-from phasesched_flashinfer import FlashInferExecutor, load_flashinfer  # noqa: E402
-from phasesched_flashinfer._check import CHECK_MODEL, attention_kernel_check, decode_plan, lockstep_compare  # noqa: E402
-from phasesched_torch import Llama3RopeScaling, LlamaModel, TorchExecutor  # noqa: E402
-from tests.executors.flashinfer.helpers import chunked_policy, mixed_requests  # noqa: E402
+from phasesched_flashinfer import FlashInferExecutor, load_flashinfer
+from phasesched_flashinfer._check import (
+    CHECK_MODEL,
+    attention_kernel_check,
+    calibrated_lockstep,
+    check_workloads,
+    lockstep_compare,
+)
+from phasesched_flashinfer._planted import PLANTED_BUGS, plant
+from phasesched_flashinfer._timing import decode_plan
+from phasesched_torch import Llama3RopeScaling, LlamaConfig, LlamaModel, TorchExecutor
+from tests.executors.flashinfer.helpers import chunked_policy, mixed_requests
 
 pytestmark = [
     pytest.mark.gpu,
@@ -34,7 +44,7 @@ TOLERANCE = {torch.bfloat16: 3e-2, torch.float16: 1e-2}
 PROMPTS = (1, 7, 37, 64, 130, 300, 513)
 
 
-def _pair(config, dtype: torch.dtype, num_pages: int) -> tuple[TorchExecutor, FlashInferExecutor]:
+def _pair(config: LlamaConfig, dtype: torch.dtype, num_pages: int) -> tuple[TorchExecutor, FlashInferExecutor]:
     model = LlamaModel.random(config, seed=11, dtype=dtype, device="cuda", std=0.05)
     return TorchExecutor(model, num_pages=num_pages, page_size=16), FlashInferExecutor(
         model, num_pages=num_pages, page_size=16
@@ -55,22 +65,25 @@ class TestAgainstTheTorchExecutor:
         ("config", "dtype"),
         [(CHECK_MODEL, torch.bfloat16), (CHECK_MODEL, torch.float16), (CHECK_MODEL_LLAMA31, torch.bfloat16)],
     )
-    def test_lockstep(self, config, dtype: torch.dtype) -> None:
-        """Mixed prefill + decode steps: logits within dtype tolerance, tokens equal but at near ties."""
-        reference, candidate = _pair(config, dtype, num_pages=256)
-        report = lockstep_compare(
-            reference,
-            candidate,
-            mixed_requests(PROMPTS, config.vocab_size, max_new_tokens=8),
-            chunked_policy(64),
-            num_pages=256,
-            page_size=16,
-            rel_tol=TOLERANCE[dtype],
-        )
+    def test_lockstep(self, config: LlamaConfig, dtype: torch.dtype) -> None:
+        """Short-context decodes and chunked prefills: logits within 4 measured rounding floors, tokens equal."""
+        model = LlamaModel.random(config, seed=11, dtype=dtype, device="cuda", std=0.05)
+        candidate = FlashInferExecutor(model, num_pages=256, page_size=16)
+        workloads = check_workloads(config.vocab_size, chunked_prompts=PROMPTS, chunk_size=64)
+        report = calibrated_lockstep(model, candidate, workloads, num_pages=256, page_size=16)
         assert report.passed, report
         assert report.mixed_steps > 0
-        assert report.decode_only_steps > 0
+        assert report.first_decode_only_step == 1
         assert candidate.backend.path_counts["decode"] == report.decode_only_steps
+
+    @pytest.mark.parametrize("bug", PLANTED_BUGS)
+    def test_planted_bug_fails(self, bug: str) -> None:
+        """Each planted kernel-call bug, on the real kernels, fails the same comparison."""
+        model = LlamaModel.random(CHECK_MODEL, seed=11, dtype=torch.bfloat16, device="cuda", std=0.05)
+        candidate = FlashInferExecutor(model, num_pages=256, page_size=16, kernels=plant(load_flashinfer(), bug))
+        workloads = check_workloads(CHECK_MODEL.vocab_size, chunked_prompts=PROMPTS, chunk_size=64)
+        report = calibrated_lockstep(model, candidate, workloads, num_pages=256, page_size=16)
+        assert not report.passed, report
 
     def test_decode_at_long_context(self) -> None:
         """A decode-only step over contexts of up to 1,500 tokens (split-KV) matches the reference."""

@@ -1,7 +1,8 @@
-"""gpu_check/check.py on the CPU: the profile section through the CLI, registration, the pytest command, KV sizing."""
+"""gpu_check/check.py on the CPU: the profile section through the CLI, the pytest command, the schema, KV sizing."""
 
 from __future__ import annotations
 
+import dataclasses
 import subprocess
 import sys
 from pathlib import Path
@@ -13,7 +14,6 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("phasesched_flashinfer", reason="install executors/flashinfer")
 
-import phasesched_flashinfer  # noqa: E402
 from phasesched.costmodel.profiled import ProfiledCostModel  # noqa: E402
 from phasesched.registry import EXECUTORS  # noqa: E402
 from phasesched_flashinfer import FlashInferExecutor  # noqa: E402
@@ -41,11 +41,12 @@ def fake_factory(*, num_pages: int, page_size: int = 16, seed: int = 0) -> Flash
 
 
 class TestProfileSection:
-    def test_writes_the_csv_through_the_cli(self, check: ModuleType, tmp_path: Path) -> None:
-        """``phasesched profile --executor NAME`` runs in-process and leaves a profile the cost model reads."""
+    def test_writes_the_csv_through_the_cli_and_bench_reads_it(self, check: ModuleType, tmp_path: Path) -> None:
+        """``phasesched profile`` runs in-process, and ``phasesched bench --cost-model`` accepts its CSV."""
         EXECUTORS.register("fake-flashinfer", fake_factory)
+        rig = dataclasses.replace(check.Rig.cpu_stand_in(), profile_executor="fake-flashinfer")
         try:
-            result = check.section_profile(tmp_path, executor="fake-flashinfer", options=SMALL_GRID)
+            result = check.section_profile(rig, tmp_path)
         finally:
             EXECUTORS.unregister("fake-flashinfer")
         assert result["passed"], result
@@ -53,30 +54,15 @@ class TestProfileSection:
         assert result["command"].startswith("phasesched profile --executor fake-flashinfer --output ")
         assert result["metadata"]["executor"] == "fake-flashinfer"
         assert result["points"]
+        assert result["bench_returncode"] == 0
+        assert result["bench_command"].startswith("phasesched bench decode --cost-model ")
         ProfiledCostModel.from_csv(tmp_path / "profile.csv")
 
-    def test_registers_flashinfer_without_an_entry_point(
-        self, check: ModuleType, monkeypatch: pytest.MonkeyPatch
-    ) -> None:
-        """Under run_check.sh's PYTHONPATH no entry point exists: check.py registers the factory itself."""
-        monkeypatch.setattr(EXECUTORS, "_entry_points", {})
-        assert "flashinfer" not in EXECUTORS
-        try:
-            assert check.ensure_registered().startswith("registered by check.py")
-            assert EXECUTORS.get("flashinfer") is phasesched_flashinfer.create_executor
-            assert check.ensure_registered() == "found in the registry"
-        finally:
-            EXECUTORS.unregister("flashinfer")
-
-    def test_real_flashinfer_on_the_cpu_fails_in_the_cli(
-        self, check: ModuleType, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-    ) -> None:
-        """The real name reaches create_executor through the CLI, whose error (no CUDA) the section reports."""
-        monkeypatch.setattr(EXECUTORS, "_entry_points", {})
-        try:
-            result = check.section_profile(tmp_path, options=SMALL_GRID)
-        finally:
-            EXECUTORS.unregister("flashinfer")
+    def test_the_gpu_run_uses_the_entry_point(self, check: ModuleType, tmp_path: Path) -> None:
+        """On the GPU the real name reaches create_executor through its entry point (here: no CUDA, a clear error)."""
+        rig = dataclasses.replace(check.Rig.gpu(), profile_args=SMALL_GRID)
+        result = check.section_profile(rig, tmp_path)
+        assert result["registration"] == "entry point"
         assert not result["passed"]
         assert result["returncode"] == 1
         assert "needs a CUDA device" in result["error"]
@@ -94,7 +80,7 @@ class TestPytestSection:
             return subprocess.CompletedProcess(command, 0, "3 passed, 400 deselected in 9.0s\n", "")
 
         monkeypatch.setattr(check.subprocess, "run", fake_run)
-        result = check.section_pytest(tmp_path, 60)
+        result = check.section_pytest(check.Rig.gpu(), tmp_path, 60)
         assert result["passed"], result
         command = seen["command"]
         assert command[command.index("-m", 3) + 1] == "gpu"
@@ -116,6 +102,24 @@ class TestPytestSection:
         done = subprocess.run(command, capture_output=True, text=True, timeout=120, check=False, cwd=tmp_path)
         assert done.returncode == 0, done.stdout + done.stderr
         assert "1 passed, 2 warnings" in done.stdout
+
+
+class TestReportSchema:
+    def test_names_what_is_missing_or_mistyped(self, check: ModuleType) -> None:
+        """The schema check names each missing key, wrong type, empty row list, and a bool posing as a number."""
+        schema = {"a": int, "b": {"c": (int, float)}, "rows": [{"x": str}]}
+        assert check.schema_errors({"a": 1, "b": {"c": 0.5}, "rows": [{"x": "y"}]}, schema) == []
+        errors = check.schema_errors({"a": "1", "b": {"c": True}, "rows": []}, schema)
+        assert errors == [
+            "check.json.a: expected int, got str '1'",
+            "check.json.b.c: expected number, got bool True",
+            "check.json.rows: expected a non-empty list",
+        ]
+        assert check.schema_errors({}, schema)[0] == "check.json.a: missing"
+
+    def test_every_section_is_in_the_schema(self, check: ModuleType) -> None:
+        """Each section the check runs has its shape declared."""
+        assert set(check.SCHEMA["sections"]) == set(check.SECTIONS)
 
 
 class TestKvSizing:

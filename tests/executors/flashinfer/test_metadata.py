@@ -4,18 +4,27 @@ from __future__ import annotations
 
 import pytest
 
-torch = pytest.importorskip("torch")
+pytest.importorskip("torch")
+import torch
+
 pytest.importorskip("phasesched_flashinfer", reason="install executors/flashinfer")
 
-import functools  # noqa: E402
+import functools
 
-import numpy as np  # noqa: E402
-from hypothesis import given, settings  # noqa: E402
-from hypothesis import strategies as st  # noqa: E402
+import numpy as np
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from phasesched import StepPlan  # noqa: E402
-from phasesched_flashinfer import MetadataTensors, pack_metadata, pad_decode, pick_bucket, step_metadata  # noqa: E402
-from phasesched_torch import (  # noqa: E402
+from phasesched import StepPlan
+from phasesched_flashinfer import (
+    MetadataTensors,
+    StepMetadata,
+    pack_metadata,
+    pad_decode,
+    pick_bucket,
+    step_metadata,
+)
+from phasesched_torch import (
     LlamaConfig,
     LlamaModel,
     TorchAttention,
@@ -24,7 +33,7 @@ from phasesched_torch import (  # noqa: E402
     kv_write_slots,
     paged_attention,
 )
-from tests.executors.flashinfer.helpers import step_plans  # noqa: E402
+from tests.executors.flashinfer.helpers import step_plans
 
 TINY = LlamaConfig(vocab_size=512, hidden_size=64, intermediate_size=128, num_layers=1, num_heads=4, num_kv_heads=2)
 
@@ -201,7 +210,7 @@ class TestDecodePadding:
         assert pick_bucket(size, (1, 2, 4, 8, 16, 32, 64, 128, 256)) == bucket
 
 
-def _append(cache: torch.Tensor, k: torch.Tensor, meta) -> None:
+def _append(cache: torch.Tensor, k: torch.Tensor, meta: StepMetadata) -> None:
     append_paged_kv_cache(
         k,
         -k,

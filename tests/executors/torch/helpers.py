@@ -7,14 +7,14 @@ from collections.abc import Iterable
 
 import pytest
 
-torch = pytest.importorskip("torch")  # --doctest-modules imports this file too, where torch may be absent
+pytest.importorskip("torch")  # --doctest-modules imports this file too, where torch may be absent
+import attrs
+import numpy as np
+import torch
 
-import attrs  # noqa: E402
-import numpy as np  # noqa: E402
-
-from phasesched import FinishedRequest, Request, Scheduler, SchedulerConfig, SchedulingPolicy, StepPlan  # noqa: E402
-from phasesched.prefix_cache import CacheStats  # noqa: E402
-from phasesched_torch import LlamaConfig, TorchExecutor  # noqa: E402
+from phasesched import FinishedRequest, Request, Scheduler, SchedulerConfig, SchedulingPolicy, StepPlan
+from phasesched.prefix_cache import CacheStats
+from phasesched_torch import LlamaConfig, TorchExecutor
 
 TINY = LlamaConfig(vocab_size=512, hidden_size=64, intermediate_size=128, num_layers=2, num_heads=4, num_kv_heads=2)
 

@@ -7,16 +7,16 @@ from unittest import mock
 
 import pytest
 
-torch = pytest.importorskip("torch")
+pytest.importorskip("torch")
+import attrs
+import numpy as np
+import torch
+import torch.nn.functional as F  # noqa: N812
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-import attrs  # noqa: E402
-import numpy as np  # noqa: E402
-import torch.nn.functional as F  # noqa: E402, N812
-from hypothesis import given, settings  # noqa: E402
-from hypothesis import strategies as st  # noqa: E402
-
-from phasesched_torch import _attention as attention_module  # noqa: E402
-from phasesched_torch import (  # noqa: E402
+from phasesched_torch import _attention as attention_module
+from phasesched_torch import (
     append_paged_kv_cache,
     paged_attention,
     plan_paged_attention,

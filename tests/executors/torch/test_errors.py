@@ -7,14 +7,14 @@ from pathlib import Path
 
 import pytest
 
-torch = pytest.importorskip("torch")
+pytest.importorskip("torch")
+import attrs
+import torch
+from safetensors.torch import save_file
 
-import attrs  # noqa: E402
-from safetensors.torch import save_file  # noqa: E402
-
-from phasesched import InvalidPlanError, PhaseschedError, Request, Scheduler, SchedulerConfig, StepPlan  # noqa: E402
-from phasesched.errors import UnknownNameError, UnsupportedModelError  # noqa: E402
-from phasesched_torch import (  # noqa: E402
+from phasesched import InvalidPlanError, PhaseschedError, Request, Scheduler, SchedulerConfig, StepPlan
+from phasesched.errors import UnknownNameError, UnsupportedModelError
+from phasesched_torch import (
     CheckpointError,
     DeviceUnavailableError,
     LlamaConfig,
@@ -29,7 +29,7 @@ from phasesched_torch import (  # noqa: E402
     create_executor,
     expected_shapes,
 )
-from tests.executors.torch.helpers import TINY, synthetic_plan  # noqa: E402
+from tests.executors.torch.helpers import TINY, synthetic_plan
 
 
 def random_state_dict(config: LlamaConfig, seed: int = 0) -> dict[str, torch.Tensor]:

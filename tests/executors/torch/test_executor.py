@@ -10,14 +10,14 @@ from importlib.metadata import version
 
 import pytest
 
-torch = pytest.importorskip("torch")
+pytest.importorskip("torch")
+import numpy as np
+import torch
 
-import numpy as np  # noqa: E402
-
-import phasesched_torch  # noqa: E402
-from phasesched import EXECUTORS, Executor, PolicyOptions, Scheduler, SchedulerConfig, load_policy  # noqa: E402
-from phasesched_torch import LlamaModel, TorchExecutor, create_executor  # noqa: E402
-from tests.executors.torch.helpers import TINY, make_requests, random_prompts, run_engine, synthetic_plan  # noqa: E402
+import phasesched_torch
+from phasesched import EXECUTORS, Executor, PolicyOptions, Scheduler, SchedulerConfig, load_policy
+from phasesched_torch import LlamaModel, TorchExecutor, create_executor
+from tests.executors.torch.helpers import TINY, make_requests, random_prompts, run_engine, synthetic_plan
 
 
 class TestPlugin:

@@ -12,19 +12,22 @@ from __future__ import annotations
 
 import functools
 from pathlib import Path
+from typing import cast
 
 import pytest
 
-torch = pytest.importorskip("torch")
-transformers = pytest.importorskip("transformers")
+pytest.importorskip("torch")
+import torch
 
-import attrs  # noqa: E402
-from safetensors.torch import save_file  # noqa: E402
+pytest.importorskip("transformers")
+import attrs
+import transformers
+from safetensors.torch import save_file
 
-from phasesched import PolicyOptions, SchedulingPolicy, load_policy  # noqa: E402
-from phasesched.policies import FixedChunk, NoChunking, TokenBudget  # noqa: E402
-from phasesched_torch import Llama3RopeScaling, LlamaConfig, create_executor, rope_inv_freq  # noqa: E402
-from tests.executors.torch.helpers import TINY, EngineRun, make_requests, random_prompts, run_engine  # noqa: E402
+from phasesched import PolicyOptions, SchedulingPolicy, load_policy
+from phasesched.policies import FixedChunk, NoChunking, TokenBudget
+from phasesched_torch import Llama3RopeScaling, LlamaConfig, create_executor, rope_inv_freq
+from tests.executors.torch.helpers import TINY, EngineRun, make_requests, random_prompts, run_engine
 
 LLAMA3_TIED = LlamaConfig(
     vocab_size=384,
@@ -78,7 +81,10 @@ def hf_model(config: LlamaConfig, seed: int = 0) -> transformers.PreTrainedModel
         pad_token_id=0,
     )
     torch.manual_seed(seed)
-    model = transformers.AutoModelForCausalLM.from_config(hf_config, attn_implementation="eager").eval()
+    # transformers leaves from_config() and PreTrainedModel.eval() unannotated.
+    model: transformers.PreTrainedModel = transformers.AutoModelForCausalLM.from_config(  # type: ignore[no-untyped-call]
+        hf_config, attn_implementation="eager"
+    ).eval()
     gen = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for name, param in model.named_parameters():
@@ -98,7 +104,7 @@ def generate_reference(model: transformers.PreTrainedModel, prompts: list[list[i
     tokens, logits = [], []
     with torch.no_grad():
         for prompt in prompts:
-            out = model.generate(
+            out = cast("transformers.GenerationMixin", model).generate(  # *ForCausalLM mixes generate() in
                 torch.tensor([prompt]),
                 max_new_tokens=MAX_NEW,
                 do_sample=False,
@@ -228,7 +234,8 @@ class TestOtherArchitectures:
             state["lm_head.weight"] = torch.randn(head.shape, generator=torch.Generator().manual_seed(3)) * 0.2
         save_file(state, tmp_path / "model.safetensors", metadata={"format": "pt"})
         model.config.save_pretrained(tmp_path)
-        hf = transformers.AutoModelForCausalLM.from_pretrained(tmp_path, attn_implementation="eager").eval()
+        hf = transformers.AutoModelForCausalLM.from_pretrained(tmp_path, attn_implementation="eager")
+        hf.eval()  # type: ignore[no-untyped-call]  # transformers leaves PreTrainedModel.eval() unannotated
         assert torch.equal(hf.lm_head.weight, state["lm_head.weight"]), "transformers no longer keeps the head"
         prompts = random_prompts(PROMPT_LENGTHS, config.vocab_size, seed=1)
         executor = create_executor(model=tmp_path, num_pages=64, page_size=4)

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import pytest
 
-torch = pytest.importorskip("torch")
+pytest.importorskip("torch")
+import numpy as np
+import torch
 
-import numpy as np  # noqa: E402
-
-from phasesched import PolicyOptions, SamplingParams, load_policy  # noqa: E402
-from phasesched_torch import RequestSampler, create_executor, sample_tokens, uniform_for  # noqa: E402
-from tests.executors.torch.helpers import EngineRun, make_requests, random_prompts, run_engine  # noqa: E402
+from phasesched import PolicyOptions, SamplingParams, load_policy
+from phasesched_torch import RequestSampler, create_executor, sample_tokens, uniform_for
+from tests.executors.torch.helpers import EngineRun, make_requests, random_prompts, run_engine
 
 N_DRAWS = 4000
 TIGHT_PAGES = 8  # the longest request needs 8 pages of 4 tokens; three together need 19

@@ -28,7 +28,11 @@ from phasesched_flashinfer._executor import SUPPORTED_HEAD_DIMS as SUPPORTED_HEA
 from phasesched_flashinfer._executor import FlashInferExecutor as FlashInferExecutor
 from phasesched_flashinfer._executor import check_model as check_model
 from phasesched_flashinfer._executor import create_executor as create_executor
+from phasesched_flashinfer._graphs import CapturedGraph as CapturedGraph
+from phasesched_flashinfer._graphs import CudaGraphRuntime as CudaGraphRuntime
 from phasesched_flashinfer._graphs import DecodeGraphs as DecodeGraphs
+from phasesched_flashinfer._graphs import GraphRuntime as GraphRuntime
+from phasesched_flashinfer._graphs import StaleGraphBufferError as StaleGraphBufferError
 from phasesched_flashinfer._kernels import DecodeWrapper as DecodeWrapper
 from phasesched_flashinfer._kernels import FlashInferKernels as FlashInferKernels
 from phasesched_flashinfer._kernels import PrefillWrapper as PrefillWrapper
@@ -49,6 +53,8 @@ __all__ = [
     "DEFAULT_GRAPH_BATCH_SIZES",
     "SUPPORTED_DTYPES",
     "SUPPORTED_HEAD_DIMS",
+    "CapturedGraph",
+    "CudaGraphRuntime",
     "DecodeGraphs",
     "DecodeWrapper",
     "FlashInferAttention",
@@ -56,10 +62,12 @@ __all__ = [
     "FlashInferExecutor",
     "FlashInferKernels",
     "FlashInferUnavailableError",
+    "GraphRuntime",
     "MetadataStaging",
     "MetadataTensors",
     "PrefillWrapper",
     "RopeParams",
+    "StaleGraphBufferError",
     "StepMetadata",
     "__version__",
     "check_model",

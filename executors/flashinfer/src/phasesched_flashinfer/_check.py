@@ -6,47 +6,54 @@ a FlashInfer stand-in, and ``gpu_check/check.py`` runs them with the real kernel
 
 * :func:`lockstep_compare` drives two executors with the *same* plans, feeding the scheduler
   the reference's tokens (teacher forcing), and compares every sampled row's logits and
-  greedy token. Logits must agree within a tolerance relative to their scale; a token may
-  differ only at a near tie, where the reference's top-two margin is within
-  :attr:`LockstepReport.tie_margin` (twice that tolerance: the most two logits that each
-  move by the tolerance can close). Every other row must give the same token. bf16 logits
-  tie often enough that a random model's greedy tokens cannot be bit-identical across
-  kernels; the report counts the near ties and the mismatches among them explicitly.
+  greedy token. Logits must agree within a tolerance relative to the row's largest logit; a
+  token may differ only where the reference's top-two margin is at most twice the row's
+  measured logit deviation (the most two logits that each move by that much can close).
+* :func:`rounding_floor` measures that tolerance's unit instead of guessing it: how far the
+  torch executor in bf16 (or fp16) lands from the same weights run in float32, on the same
+  plans. :func:`calibrated_lockstep` sets the tolerance to a multiple of it
+  (:data:`FLOOR_FACTOR`): a kernel-call bug moves logits by ten to a hundred floors on the
+  check's short contexts, rounding by about one.
 * :func:`attention_kernel_check` compares the kernels alone with the reference paged
   attention on a random mixed batch and a decode batch.
-* :func:`time_decode` times one decode step: the whole ``execute`` and, with device events,
-  the forward, the attention kernels and RoPE + KV append of every layer;
-  :func:`time_decode_step` only the whole ``execute`` (of a CUDA-graph executor, say).
+
+Step timing and its roofline accounting live in :mod:`phasesched_flashinfer._timing`.
 """
 
 from __future__ import annotations
 
-import statistics
-import time
-from collections.abc import Callable, Iterable, Sequence
+import math
+from collections.abc import Iterable, Sequence
 
 import attrs
 import numpy as np
 import torch
 
-from phasesched import Request, Scheduler, SchedulerConfig, SchedulingPolicy, StepPlan, StepResult
-from phasesched.plan import build_step_plan
-from phasesched_flashinfer._attention import FlashInferAttention
-from phasesched_flashinfer._executor import FlashInferExecutor
+from phasesched import (
+    PolicyOptions,
+    Request,
+    Scheduler,
+    SchedulerConfig,
+    SchedulingPolicy,
+    StepPlan,
+    StepResult,
+    load_policy,
+)
 from phasesched_flashinfer._kernels import FlashInferKernels
-from phasesched_torch import LlamaConfig, StepLogits, TorchExecutor, paged_attention
+from phasesched_torch import LlamaConfig, LlamaModel, StepLogits, TorchExecutor, paged_attention
 
 __all__ = [
     "CHECK_MODEL",
-    "DecodeTiming",
+    "FLOOR_FACTOR",
     "LockstepReport",
+    "Workload",
     "attention_kernel_check",
-    "decode_plan",
-    "device_time",
+    "calibrated_lockstep",
+    "cast_model",
+    "check_workloads",
     "free_running_outputs",
     "lockstep_compare",
-    "time_decode",
-    "time_decode_step",
+    "rounding_floor",
 ]
 
 CHECK_MODEL = LlamaConfig(
@@ -68,15 +75,17 @@ class LockstepReport:
 
     Attributes:
         rel_tol: Allowed logit difference, relative to the largest reference logit of its row.
-        tie_margin: ``2 * rel_tol``: a row is a near tie when the reference's top-two margin is
-            at most this, relative to the row's largest logit (the only rows whose greedy
-            token may differ).
+        floor: The measured rounding floor ``rel_tol`` was derived from (:func:`rounding_floor`),
+            or ``None`` when ``rel_tol`` was given.
         steps: Plans run.
         mixed_steps: Plans with decodes and prefill tokens together.
         decode_only_steps: Plans of one-row slices only.
+        first_decode_only_step: Index (from 0) of the first decode-only plan, or ``None``.
+        min_decode_context: Shortest cache (tokens, after the step) a decode-only plan attended to.
         sampled_tokens: Rows compared.
         token_mismatches: Rows whose greedy tokens differ.
-        near_ties: Rows that are near ties (whether or not their tokens differ).
+        near_ties: Rows whose reference top-two margin is at most twice the row's largest logit
+            deviation (the only rows whose greedy token may differ).
         near_tie_mismatches: Mismatches at near ties (allowed).
         unexplained_mismatches: Mismatches that are not near ties (``token_mismatches -
             near_tie_mismatches``); any makes the comparison fail.
@@ -86,10 +95,12 @@ class LockstepReport:
     """
 
     rel_tol: float
-    tie_margin: float = attrs.field(init=False)
+    floor: float | None = None
     steps: int = 0
     mixed_steps: int = 0
     decode_only_steps: int = 0
+    first_decode_only_step: int | None = None
+    min_decode_context: int | None = None
     sampled_tokens: int = 0
     token_mismatches: int = 0
     near_ties: int = 0
@@ -98,20 +109,33 @@ class LockstepReport:
     max_abs_logit_diff: float = 0.0
     max_rel_logit_diff: float = 0.0
 
-    @tie_margin.default
-    def _twice_the_logit_tolerance(self) -> float:
-        return 2 * self.rel_tol
-
     @property
     def passed(self) -> bool:
         """Rows were compared, logits agree within ``rel_tol``, and every token agrees but at near ties."""
         return self.sampled_tokens > 0 and self.unexplained_mismatches == 0 and self.max_rel_logit_diff <= self.rel_tol
 
+    @property
+    def near_tie_share(self) -> float:
+        """Share of compared rows that are near ties (the rows a token check cannot judge)."""
+        return self.near_ties / self.sampled_tokens if self.sampled_tokens else 0.0
+
+    def summary(self) -> dict[str, float | int | bool | None]:
+        """The report as plain JSON values, ``passed`` and ``near_tie_share`` included."""
+        return attrs.asdict(self) | {"passed": self.passed, "near_tie_share": round(self.near_tie_share, 4)}
+
+    def _count_step(self, plan: StepPlan) -> None:
+        self.mixed_steps += int(plan.num_decodes > 0 and plan.num_prefill_tokens > 0)
+        if plan.num_tokens == plan.batch_size:
+            self.decode_only_steps += 1
+            if self.first_decode_only_step is None:
+                self.first_decode_only_step = self.steps
+            shortest = int(plan.kv_len.min())
+            self.min_decode_context = min(shortest, self.min_decode_context or shortest)
+        self.steps += 1
+
     def add(self, plan: StepPlan, ref: StepLogits, cand: StepLogits, results: tuple[StepResult, StepResult]) -> None:
         """Fold in one step's sampled rows."""
-        self.steps += 1
-        self.mixed_steps += int(plan.num_decodes > 0 and plan.num_prefill_tokens > 0)
-        self.decode_only_steps += int(plan.num_tokens == plan.batch_size)
+        self._count_step(plan)
         if ref.request_ids != cand.request_ids:
             msg = f"step {plan.step_id}: sampled rows differ: {ref.request_ids} vs {cand.request_ids}"
             raise AssertionError(msg)
@@ -124,7 +148,8 @@ class LockstepReport:
         margin = top2[:, 0] - top2[:, 1]
         ref_tokens, cand_tokens = (r.token_ids[plan.samples] for r in results)
         mismatch = torch.from_numpy(ref_tokens != cand_tokens).to(diff.device)
-        near_tie = margin <= self.tie_margin * scale
+        # NOTE: two logits that each move by at most `diff` can close a gap of 2 * diff, no more.
+        near_tie = margin <= 2 * diff
         self.sampled_tokens += len(ref.request_ids)
         self.token_mismatches += int(mismatch.sum())
         self.near_ties += int(near_tie.sum())
@@ -144,11 +169,14 @@ def lockstep_compare(  # noqa: PLR0913 -- keyword-only knobs of one comparison
     page_size: int,
     rel_tol: float,
     max_steps: int = 10_000,
+    report: LockstepReport | None = None,
 ) -> LockstepReport:
     """Run both executors on every plan of one scheduler; the reference's tokens drive it.
 
-    Both executors need fresh caches of at least ``num_pages`` pages of ``page_size``;
-    ``rel_tol`` is :attr:`LockstepReport.rel_tol`.
+    Both executors need caches of at least ``num_pages`` pages of ``page_size`` (a cache used
+    before will do: every page a plan reads is written first); ``rel_tol`` is
+    :attr:`LockstepReport.rel_tol`. ``report`` continues an earlier comparison (of other
+    request ids) instead of starting a new one.
 
     Raises:
         AssertionError: The two sample different rows, or the run does not finish.
@@ -157,7 +185,7 @@ def lockstep_compare(  # noqa: PLR0913 -- keyword-only knobs of one comparison
     scheduler = Scheduler(SchedulerConfig(num_pages=num_pages, page_size=page_size), policy)
     for request in requests:
         scheduler.add_request(request)
-    report = LockstepReport(rel_tol)
+    report = LockstepReport(rel_tol) if report is None else report
     for _ in range(max_steps):
         if not scheduler.num_unfinished:
             return report
@@ -170,6 +198,117 @@ def lockstep_compare(  # noqa: PLR0913 -- keyword-only knobs of one comparison
         scheduler.update(plan, ref)
     msg = f"still {scheduler.num_unfinished} requests after {max_steps} steps"
     raise AssertionError(msg)
+
+
+FLOOR_FACTOR = 4.0
+"""Logit tolerance of :func:`calibrated_lockstep`, in rounding floors. Measured on the CPU
+stand-in (2026-12-01, :func:`check_workloads`, bf16): the stand-in's float32 attention lands 0.5
+floors from the torch executor, and 1.1 floors with FlashInfer's fa2 rounding emulated (bf16
+probabilities into the PV product); each planted bug (:mod:`phasesched_flashinfer._planted`) 69
+to 190 floors away. 4 leaves room on both sides."""
+
+
+def cast_model(model: LlamaModel, dtype: torch.dtype) -> LlamaModel:
+    """The same weights in ``dtype`` (float32 for a reference: each weight is exactly representable)."""
+
+    def cast(t: torch.Tensor | None) -> torch.Tensor | None:
+        return None if t is None else t.to(dtype)
+
+    w = model.weights
+    layers = tuple(
+        attrs.evolve(layer, **{f.name: cast(getattr(layer, f.name)) for f in attrs.fields(type(layer))})  # type: ignore[arg-type]  # None stays None
+        for layer in w.layers
+    )
+    weights = attrs.evolve(
+        w, embed=w.embed.to(dtype), layers=layers, norm=w.norm.to(dtype), lm_head=w.lm_head.to(dtype)
+    )
+    return LlamaModel(model.config, weights, model.inv_freq)
+
+
+Workload = tuple[Sequence[Request], SchedulingPolicy]
+"""Requests (all arriving at once) and the policy that schedules them."""
+
+
+def check_workloads(
+    vocab_size: int, *, chunked_prompts: Sequence[int], chunk_size: int, max_new_tokens: int = 8, seed: int = 0
+) -> list[Workload]:
+    """The lockstep's two workloads: decode-only steps at once on short contexts, then chunked prefills.
+
+    * ``short``: prompts of 1 to 17 tokens, all prefilled in the first step, so every later
+      step is decode-only over caches of 2 to 25 tokens, where one token more or less, or a
+      wrong last page, moves the output most (a long context dilutes such a bug).
+    * ``chunked``: ``chunked_prompts`` split into ``chunk_size`` chunks beside the decodes of
+      the earlier requests: mixed steps, chunks continuing after a cached prefix.
+
+    Every request generates ``max_new_tokens`` tokens.
+    """
+    rng = np.random.default_rng(seed)
+
+    def requests(prefix: str, lengths: Sequence[int]) -> list[Request]:
+        return [
+            Request(
+                f"{prefix}{i}", prompt_token_ids=rng.integers(0, vocab_size, n).tolist(), max_new_tokens=max_new_tokens
+            )
+            for i, n in enumerate(lengths)
+        ]
+
+    short = (1, 2, 3, 5, 8, 13, 17)
+    return [
+        (requests("short-", short), load_policy("sarathi", PolicyOptions(chunk_size=sum(short)))),
+        (requests("chunked-", chunked_prompts), load_policy("sarathi", PolicyOptions(chunk_size=chunk_size))),
+    ]
+
+
+def rounding_floor(model: LlamaModel, workloads: Sequence[Workload], *, num_pages: int, page_size: int) -> float:
+    """How far the torch executor in ``model``'s dtype lands from float32, in the lockstep's unit.
+
+    The largest row-wise ``max |logit difference| / max |logit|`` of the torch executor on
+    ``model`` against the torch executor on the same weights in float32, over the plans of
+    ``workloads`` (float32 tokens drive): the rounding the low-precision dtype alone costs,
+    measured on the device and the plans the comparison will use.
+    """
+    truth = TorchExecutor(cast_model(model, torch.float32), num_pages=num_pages, page_size=page_size)
+    low = TorchExecutor(model, num_pages=num_pages, page_size=page_size)
+    report = None
+    for requests, policy in workloads:
+        report = lockstep_compare(
+            truth, low, requests, policy, num_pages=num_pages, page_size=page_size, rel_tol=math.inf, report=report
+        )
+    return 0.0 if report is None else report.max_rel_logit_diff
+
+
+def calibrated_lockstep(  # noqa: PLR0913 -- keyword-only knobs of one comparison
+    model: LlamaModel,
+    candidate: TorchExecutor,
+    workloads: Sequence[Workload],
+    *,
+    num_pages: int,
+    page_size: int,
+    factor: float = FLOOR_FACTOR,
+    floor: float | None = None,
+) -> LockstepReport:
+    """Lockstep of ``candidate`` against the torch executor on ``model``, tolerance from the rounding floor.
+
+    :func:`lockstep_compare` over each workload with ``rel_tol = factor *``
+    :func:`rounding_floor`, measured on the same workloads and device (or ``floor``, measured
+    so before for the same model and workloads); the report keeps the floor.
+    """
+    if floor is None:
+        floor = rounding_floor(model, workloads, num_pages=num_pages, page_size=page_size)
+    reference = TorchExecutor(model, num_pages=num_pages, page_size=page_size)
+    report = LockstepReport(factor * floor, floor)
+    for requests, policy in workloads:
+        lockstep_compare(
+            reference,
+            candidate,
+            requests,
+            policy,
+            num_pages=num_pages,
+            page_size=page_size,
+            rel_tol=report.rel_tol,
+            report=report,
+        )
+    return report
 
 
 def free_running_outputs(  # noqa: PLR0913 -- keyword-only knobs of one run
@@ -259,151 +398,3 @@ def attention_kernel_check(  # noqa: PLR0913 -- keyword-only shapes of the rando
         want, _ = paged_attention(q, cache, qo, kvp, idx, last)
         out[f"{name}_max_abs_diff"] = float((got.float() - want.float()).abs().max())
     return out
-
-
-def decode_plan(batch_size: int, context: int, *, page_size: int, vocab_size: int, step_id: int = 0) -> StepPlan:
-    """A decode-only plan: ``batch_size`` slices whose caches hold ``context`` tokens after the step.
-
-    Slice ``i`` owns pages ``i * n .. (i + 1) * n - 1`` (``n = ceil(context / page_size)``);
-    the earlier tokens were never written, which changes no timing.
-    """
-    pages = -(-context // page_size)
-    start = np.full(batch_size, context - 1, dtype=np.int32)
-    return build_step_plan(
-        step_id=step_id,
-        request_ids=tuple(f"decode-{i}" for i in range(batch_size)),
-        slots=np.arange(batch_size, dtype=np.int32),
-        start=start,
-        num_new=np.ones(batch_size, dtype=np.int32),
-        prompt_len=start.copy(),
-        samples=np.ones(batch_size, dtype=bool),
-        kv_indptr=(np.arange(batch_size + 1) * pages).astype(np.int32),
-        kv_indices=np.arange(batch_size * pages, dtype=np.int32),
-        page_size=page_size,
-        input_ids=(np.arange(batch_size) % vocab_size).astype(np.int32),
-    )
-
-
-def device_time(fn: Callable[[], object], device: torch.device, *, repeats: int, warmup: int) -> float:
-    """Median seconds of ``fn`` on ``device``: CUDA events on a GPU, wall time elsewhere."""
-    for _ in range(warmup):
-        fn()
-    samples = []
-    for _ in range(repeats):
-        if device.type == "cuda":
-            begin = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]  # untyped in torch
-            end = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
-            begin.record()
-            fn()
-            end.record()
-            end.synchronize()
-            samples.append(float(begin.elapsed_time(end)) / 1e3)
-        else:
-            t0 = time.perf_counter()
-            fn()
-            samples.append(time.perf_counter() - t0)
-    return statistics.median(samples)
-
-
-@attrs.frozen
-class DecodeTiming:
-    """One decode step's time and where it goes (seconds, medians).
-
-    Attributes:
-        batch_size: Decode slices.
-        context: KV tokens per slice.
-        step_s: ``execute`` as it reports itself (host metadata and plan, forward, sampling).
-        prepare_s: Host time of metadata, the upload and FlashInfer's ``plan()``.
-        forward_s: Device time of the model's forward over the prepared step.
-        attention_s: Device time of the attention kernel, all layers.
-        rope_append_s: Device time of RoPE and KV append, all layers.
-        graph_step_s: ``execute`` with CUDA graphs, or ``None`` when not measured.
-
-    """
-
-    batch_size: int
-    context: int
-    step_s: float
-    prepare_s: float
-    forward_s: float
-    attention_s: float
-    rope_append_s: float
-    graph_step_s: float | None = None
-
-    @property
-    def attention_fraction(self) -> float:
-        """Share of the whole step spent in the attention kernel."""
-        return self.attention_s / self.step_s
-
-
-def _median_execute(executor: TorchExecutor, plan: StepPlan, repeats: int, warmup: int) -> float:
-    times = []
-    for i in range(warmup + repeats):
-        duration = executor.execute(plan).duration_s
-        assert duration is not None
-        if i >= warmup:
-            times.append(duration)
-    return statistics.median(times)
-
-
-def time_decode_step(
-    executor: TorchExecutor, *, batch_size: int, context: int, repeats: int = 10, warmup: int = 3
-) -> float:
-    """Median seconds ``execute`` reports for :func:`decode_plan` ``(batch_size, context)``."""
-    vocab_size = executor.model.config.vocab_size
-    plan = decode_plan(batch_size, context, page_size=executor.page_size, vocab_size=vocab_size)
-    return _median_execute(executor, plan, repeats, warmup)
-
-
-def time_decode(  # noqa: PLR0913 -- keyword-only knobs of one measurement
-    executor: FlashInferExecutor,
-    *,
-    batch_size: int,
-    context: int,
-    repeats: int = 10,
-    warmup: int = 3,
-    graph_executor: FlashInferExecutor | None = None,
-) -> DecodeTiming:
-    """Time one decode step of ``batch_size`` slices at ``context`` tokens (see :class:`DecodeTiming`)."""
-    config, device = executor.model.config, executor.model.device
-    plan = decode_plan(batch_size, context, page_size=executor.page_size, vocab_size=config.vocab_size)
-    step_s = _median_execute(executor, plan, repeats, warmup)
-    with torch.inference_mode():
-
-        def prepare() -> None:
-            executor.prepare(plan)
-            if device.type == "cuda":  # the next prepare rewrites the pinned buffer this one copies from
-                torch.cuda.synchronize(device)
-
-        prepare_s = device_time(prepare, torch.device("cpu"), repeats=repeats, warmup=warmup)
-        batch = executor.prepare(plan)
-        attention = batch.attention
-        assert isinstance(attention, FlashInferAttention)
-        forward_s = device_time(
-            lambda: executor.model.forward(batch, executor.kv_cache), device, repeats=repeats, warmup=warmup
-        )
-        shape = (batch_size, config.num_heads, config.head_dim)
-        q = torch.randn(shape, device=device).to(executor.model.dtype)
-        kv = torch.randn(batch_size, 2, config.num_kv_heads, config.head_dim, device=device).to(executor.model.dtype)
-        k, v = kv[:, 0], kv[:, 1]
-
-        def attend() -> None:
-            for cache in executor.kv_cache:
-                attention.wrapper.run(q, cache)
-
-        def rope_append() -> None:
-            for cache in executor.kv_cache:
-                attention.rope.apply(attention.kernels, q, k, attention.meta.positions)
-                m = attention.meta
-                attention.kernels.append_paged_kv_cache(
-                    k, v, m.batch_indices, m.positions, cache, m.kv_indices, m.kv_indptr, m.kv_last_page_len, "NHD"
-                )
-
-        attention_s = device_time(attend, device, repeats=repeats, warmup=warmup)
-        rope_append_s = device_time(rope_append, device, repeats=repeats, warmup=warmup)
-    graph_s = (
-        None
-        if graph_executor is None
-        else time_decode_step(graph_executor, batch_size=batch_size, context=context, repeats=repeats, warmup=warmup)
-    )
-    return DecodeTiming(batch_size, context, step_s, prepare_s, forward_s, attention_s, rope_append_s, graph_s)

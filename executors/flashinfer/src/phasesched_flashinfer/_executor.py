@@ -20,7 +20,7 @@ import torch
 from phasesched import StepPlan
 from phasesched_flashinfer._attention import FlashInferBackend
 from phasesched_flashinfer._errors import FlashInferUnavailableError
-from phasesched_flashinfer._graphs import DecodeGraphs
+from phasesched_flashinfer._graphs import DecodeGraphs, GraphRuntime
 from phasesched_flashinfer._kernels import FlashInferKernels, load_flashinfer
 from phasesched_flashinfer._metadata import StepMetadata, step_metadata
 from phasesched_torch import ForwardBatch, LlamaConfig, LlamaModel, TorchExecutor, UnsupportedConfigError, load_model
@@ -47,16 +47,20 @@ _GQA_TENSOR_CORE_GROUP = 4
 def jit_disabled() -> bool:
     """Whether ``FLASHINFER_DISABLE_JIT`` forbids FlashInfer to compile kernels (only prebuilt ones load).
 
-    Any value but empty, ``0``, ``false``, ``no`` or ``off`` counts; the offline GPU check sets ``1``.
+    Exactly FlashInfer's own test (0.7.2, ``flashinfer/jit/core.py``, ``JitSpec.build``:
+    ``if os.environ.get("FLASHINFER_DISABLE_JIT"): raise MissingJITCacheError``): any non-empty
+    value disables it, ``0`` and ``false`` included; unset or empty leaves it on. The offline
+    GPU check sets ``1``.
     """
-    return os.environ.get("FLASHINFER_DISABLE_JIT", "").strip().lower() not in {"", "0", "false", "no", "off"}
+    return bool(os.environ.get("FLASHINFER_DISABLE_JIT"))
 
 
 def check_model(model: LlamaModel, *, needs_cuda: bool) -> None:
     """Raise unless FlashInfer's kernels can run ``model`` (before importing FlashInfer).
 
     Raises:
-        UnsupportedConfigError: The dtype or head dim has no FlashInfer kernel here.
+        UnsupportedConfigError: The dtype or head dim has no FlashInfer kernel here, or the
+            model has a sliding window (the kernels would attend past it: not planned yet).
         FlashInferUnavailableError: ``needs_cuda`` and the model is not on a CUDA device, or
             this torch has no CUDA.
 
@@ -67,6 +71,14 @@ def check_model(model: LlamaModel, *, needs_cuda: bool) -> None:
     head_dim = model.config.head_dim
     if head_dim not in SUPPORTED_HEAD_DIMS:
         msg = f"head_dim {head_dim} has no FlashInfer kernel; supported: {', '.join(map(str, SUPPORTED_HEAD_DIMS))}"
+        raise UnsupportedConfigError(msg)
+    if model.config.sliding_window is not None:
+        # FlashInfer takes window_left, but this executor does not plan with it yet (nor does the
+        # offline bundle carry windowed kernels): refuse here, not at the first step.
+        msg = (
+            f"{model.config.model_type} with sliding_window={model.config.sliding_window}: the FlashInfer "
+            "executor does not run sliding-window attention; use the torch executor"
+        )
         raise UnsupportedConfigError(msg)
     if needs_cuda and model.device.type != "cuda":
         msg = f"the FlashInfer executor runs on a CUDA device; the model is on {model.device}"
@@ -98,6 +110,8 @@ class FlashInferExecutor(TorchExecutor):
             kv head, as FlashInfer recommends, and always when FlashInfer's JIT is disabled
             (see ``jit_disabled()``; the offline bundle has no CUDA-core decode module).
             ``False`` with JIT disabled needs that module prebuilt.
+        graph_runtime: Captures and replays the decode graphs; ``None``: CUDA graphs. Tests
+            pass a stand-in that enforces the graph rules on the CPU.
 
     Attributes:
         backend: Plans each step's attention; ``backend.path_counts`` counts eager steps by path.
@@ -118,6 +132,7 @@ class FlashInferExecutor(TorchExecutor):
         use_cuda_graph: bool = False,
         graph_batch_sizes: Sequence[int] = DEFAULT_GRAPH_BATCH_SIZES,
         decode_tensor_cores: bool | None = None,
+        graph_runtime: GraphRuntime | None = None,
     ) -> None:
         check_model(model, needs_cuda=kernels is None)
         if use_cuda_graph and (not graph_batch_sizes or list(graph_batch_sizes) != sorted(set(graph_batch_sizes))):
@@ -154,6 +169,7 @@ class FlashInferExecutor(TorchExecutor):
                 batch_sizes=graph_batch_sizes,
                 scratch_page=self.scratch_page,
                 max_pages=num_pages + graph_batch_sizes[-1],
+                runtime=graph_runtime,
             )
 
     def prepare(self, plan: StepPlan) -> ForwardBatch:
