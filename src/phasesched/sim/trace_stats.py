@@ -130,10 +130,21 @@ def _cv(values: FloatArray) -> float:
 
 
 def _bucket_counts(offsets: FloatArray, width: float) -> tuple[float, int]:
-    """CV over the full ``width``-second buckets, and the largest count over all of them."""
-    counts = np.bincount((offsets // width).astype(np.int64))
-    full = counts[: int(offsets[-1] // width)]
-    return (_cv(full.astype(np.float64)) if full.size >= 2 else math.nan), int(counts.max())
+    """CV over the full ``width``-second buckets, and the largest count over all of them.
+
+    Only the occupied buckets are counted (memory O(rows), whatever the span): the empty ones
+    among the full buckets enter the CV as zeros, arithmetically.
+    """
+    buckets, counts = np.unique((offsets // width).astype(np.int64), return_counts=True)
+    num_full = int(offsets[-1] // width)
+    if num_full < 2:  # a CV needs two buckets
+        return math.nan, int(counts.max())
+    full = counts[buckets < num_full].astype(np.float64)
+    mean = float(full.sum()) / num_full
+    if mean <= 0:
+        return math.nan, int(counts.max())
+    squares = float(((full - mean) ** 2).sum()) + (num_full - full.size) * mean**2
+    return math.sqrt(squares / num_full) / mean, int(counts.max())
 
 
 def trace_stats(workload: Workload) -> TraceStats:
