@@ -21,6 +21,7 @@ from numpy.typing import NDArray
 
 from phasesched import POLICIES, PolicyOptions, SchedulingPolicy, load_policy
 from phasesched.costmodel.protocol import CostModel
+from phasesched.metrics.summary import RunMetrics
 from phasesched.sim.deployment import Deployment
 
 __all__ = [
@@ -33,6 +34,7 @@ __all__ = [
     "json_object",
     "jsonable",
     "ms",
+    "output_losses",
     "quantiles_ms",
 ]
 
@@ -152,6 +154,16 @@ class ExperimentContext:
         """Forward progress to the hook, if there is one."""
         if self.progress is not None:
             self.progress(task, completed, total)
+
+
+def output_losses(metrics: RunMetrics) -> Row:
+    """A run's row keys for outputs the context limit cut short: requests and tokens lost.
+
+    >>> from phasesched.metrics import RunMetrics
+    >>> output_losses(RunMetrics({"truncated_outputs": 2, "truncated_output_tokens": 70}, {}))
+    {'truncated_outputs': 2, 'truncated_output_tokens': 70}
+    """
+    return {key: metrics[key] for key in ("truncated_outputs", "truncated_output_tokens")}
 
 
 def ms(seconds: float) -> float | None:

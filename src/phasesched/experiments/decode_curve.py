@@ -9,7 +9,7 @@ from typing import Any
 import attrs
 import numpy as np
 
-from phasesched.experiments.context import Column, ExperimentContext, Row, json_object
+from phasesched.experiments.context import Column, ExperimentContext, Row, json_object, output_losses
 from phasesched.metrics.recorder import GapLog, RequestRecord
 from phasesched.sim.builders import fixed
 from phasesched.sim.simulator import simulate
@@ -133,6 +133,7 @@ def run_decode_curve(context: ExperimentContext, config: DecodeCurveConfig | Non
             row: Row = {"policy": name, "active": active}
             row.update(_steady_row(metrics.requests, metrics.gaps, active))
             row["last_ttft_ms"] = metrics["max_ttft_ms"]
+            row.update(output_losses(metrics))
             rows.append(row)
             context.report("decode curve", len(rows), total)
     return DecodeCurveResult(config, policies, tuple(rows), time.perf_counter() - started)

@@ -8,7 +8,7 @@ from typing import Any
 
 import attrs
 
-from phasesched.experiments.context import Column, ExperimentContext, Row, json_object
+from phasesched.experiments.context import Column, ExperimentContext, Row, json_object, output_losses
 from phasesched.sim.closed_loop import GridPoint, grid_points
 from phasesched.sim.simulator import simulate
 
@@ -130,6 +130,7 @@ def run_grid(context: ExperimentContext, config: GridConfig | None = None) -> Gr
                     "mean_e2el_ms": metrics["mean_e2el_ms"],
                     "input_tok_s": metrics["input_throughput"],
                     "output_tok_s": metrics["output_throughput"],
+                    **output_losses(metrics),
                 }
             )
             context.report("grid", len(rows), len(policies) * len(points))

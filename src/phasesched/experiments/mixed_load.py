@@ -18,7 +18,7 @@ import attrs
 import numpy as np
 from numpy.typing import NDArray
 
-from phasesched.experiments.context import Column, ExperimentContext, Row, json_object, ms, quantiles_ms
+from phasesched.experiments.context import Column, ExperimentContext, Row, json_object, ms, output_losses, quantiles_ms
 from phasesched.metrics.summary import RunMetrics
 from phasesched.sim.builders import mixed_load
 from phasesched.sim.deployment import Disaggregation
@@ -272,6 +272,7 @@ def _measure(
         "prefill_tok_s": long.prompt_len / busy_s if busy_s > 0 else None,
         "mean_itl_ms": metrics["mean_itl_ms"],
         "p99_itl_ms": metrics["p99_itl_ms"],
+        **output_losses(metrics),
     }
     return row, window, {phase: s * 1e3 for phase, s in long.budget.as_dict().items()}
 

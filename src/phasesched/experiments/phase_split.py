@@ -7,7 +7,7 @@ from typing import Any
 
 import attrs
 
-from phasesched.experiments.context import Column, ExperimentContext, Row, json_object
+from phasesched.experiments.context import Column, ExperimentContext, Row, json_object, output_losses
 from phasesched.metrics.summary import RunMetrics
 from phasesched.sim.arrivals import Poisson
 from phasesched.sim.builders import synthetic
@@ -153,6 +153,7 @@ def _row(policy: str, layout: _Layout, gpus: int, metrics: RunMetrics) -> Row:
         "output_tok_s_per_gpu": metrics["output_throughput"] / gpus,
         "total_tok_s_per_gpu": metrics["total_token_throughput"] / gpus,
         "goodput_per_gpu": metrics["request_goodput"] / gpus,
+        **output_losses(metrics),
     }
 
 

@@ -321,7 +321,7 @@ class Simulator:
         finished = worker.scheduler.advance(run, count)
         self._progress += 1
         end = float(ends[count - 1])
-        left = worker.recorder.on_decode_run(run, now, ends[:count], (f.request_id for f in finished))
+        left = worker.recorder.on_decode_run(run, now, ends[:count], finished)
         worker.busy, worker.plan, worker.finishing = True, None, len(left)
         worker.finishing_pages = kv.num_free_pages - unfreed  # freed early by the finishes
         worker.steps += count
