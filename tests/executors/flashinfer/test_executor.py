@@ -294,7 +294,7 @@ class TestHarness:
         assert (timing.batch_size, timing.context, timing.graph_step_s) == (3, 30, None)
         for value in (timing.step_s, timing.prepare_s, timing.forward_s, timing.attention_s, timing.rope_append_s):
             assert 0 < value < 60
-        assert 0 < timing.attention_fraction < 1
+        assert timing.attention_fraction == timing.attention_s / timing.step_s  # a share of two measurements
 
     def test_decode_plan_is_valid(self) -> None:
         """The synthetic decode plan passes the plan's own consistency checks."""
