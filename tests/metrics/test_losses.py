@@ -23,7 +23,7 @@ class TestTruncatedOutputs:
             load_policy("vllm"),
             Deployment(max_model_len=1000),
             fast_forward=fast_forward,
-            **options,  # type: ignore[arg-type]
+            **options,
         ).metrics
         assert metrics["completed"] == 3
         assert (metrics["truncated_outputs"], metrics["truncated_output_tokens"]) == (2, 120)

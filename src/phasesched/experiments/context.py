@@ -20,6 +20,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from phasesched import POLICIES, PolicyOptions, SchedulingPolicy, load_policy
+from phasesched._validators import typed
 from phasesched.costmodel.protocol import CostModel
 from phasesched.metrics.summary import RunMetrics
 from phasesched.sim.deployment import Deployment
@@ -120,7 +121,7 @@ class ExperimentContext:
 
     deployment: Deployment = attrs.field(factory=Deployment)
     policies: tuple[str, ...] = attrs.field(default=(), converter=_names)
-    seed: int = attrs.field(default=0, validator=attrs.validators.ge(0))
+    seed: int = attrs.field(default=0, validator=typed(attrs.validators.ge(0)))
     progress: ProgressHook | None = attrs.field(default=None, eq=False, repr=False)
 
     def policy_names(self, default: tuple[str, ...]) -> tuple[str, ...]:

@@ -9,6 +9,7 @@ from typing import Any
 import attrs
 import numpy as np
 
+from phasesched._validators import typed
 from phasesched.experiments.context import Column, ExperimentContext, Row, json_object, output_losses
 from phasesched.metrics.recorder import GapLog, RequestRecord
 from phasesched.sim.builders import fixed
@@ -34,8 +35,8 @@ class DecodeCurveConfig:
     """
 
     active: tuple[int, ...] = attrs.field(default=(1, 2, 4, 8, 16, 32, 64, 128, 256, 512), converter=_counts)
-    prompt_len: int = attrs.field(default=1024, validator=attrs.validators.gt(0))
-    output_len: int = attrs.field(default=256, validator=attrs.validators.gt(1))
+    prompt_len: int = attrs.field(default=1024, validator=typed(attrs.validators.gt(0)))
+    output_len: int = attrs.field(default=256, validator=typed(attrs.validators.gt(1)))
 
     @classmethod
     def quick(cls) -> DecodeCurveConfig:

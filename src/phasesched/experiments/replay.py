@@ -8,6 +8,7 @@ from typing import Any
 import attrs
 import numpy as np
 
+from phasesched._validators import typed
 from phasesched.errors import InvalidArgumentError
 from phasesched.experiments.context import CDF_QUANTILES, Column, ExperimentContext, Row, json_object, output_losses
 from phasesched.sim.simulator import simulate
@@ -33,7 +34,7 @@ class ReplayConfig:
 
     trace: Workload
     rate: float | None = None
-    limit: int | None = attrs.field(default=None, validator=attrs.validators.optional(attrs.validators.gt(0)))
+    limit: int | None = attrs.field(default=None, validator=typed(attrs.validators.optional(attrs.validators.gt(0))))
     ttft_slo_s: float | None = None
     tpot_slo_s: float | None = None
 

@@ -49,6 +49,7 @@ from phasesched.plan import StepPlan
 from phasesched.policies.policy import SchedulingPolicy
 from phasesched.request import Request
 from phasesched.scheduler import Scheduler
+from phasesched.sim._checks import positive_int
 from phasesched.sim.closed_loop import ClosedLoop
 from phasesched.sim.deployment import Deployment, Disaggregation
 from phasesched.sim.executor import SimulatedExecutor
@@ -171,6 +172,9 @@ class Simulator:
         fast_forward: Advance runs of pure-decode steps in one computation.
         max_decode_run: Longest run taken at once.
         progress: Called with ``(completed, total)`` as requests finish.
+
+    Raises:
+        InvalidArgumentError: ``replicas`` or ``max_decode_run`` is not a positive integer.
     """
 
     def __init__(  # noqa: PLR0913 -- the simulation's knobs, all keyword-only
@@ -190,6 +194,9 @@ class Simulator:
         progress: Progress | None = None,
     ) -> None:
         self.deployment = deployment or Deployment()
+        if disaggregation is None:
+            positive_int("replicas", replicas)
+        positive_int("max_decode_run", max_decode_run)
         self.policy = policy
         self.fast_forward = fast_forward
         self.max_decode_run = max_decode_run

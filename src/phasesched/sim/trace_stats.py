@@ -15,6 +15,7 @@ import attrs
 import numpy as np
 from numpy.typing import NDArray
 
+from phasesched.errors import InvalidArgumentError
 from phasesched.sim.workload import Workload
 
 __all__ = ["LengthStats", "TraceStats", "trace_stats"]
@@ -151,7 +152,7 @@ def trace_stats(workload: Workload) -> TraceStats:
     """Describe a workload's arrivals and lengths (see :class:`TraceStats` for the method).
 
     Raises:
-        ValueError: if the workload is empty.
+        InvalidArgumentError: if the workload is empty.
 
     >>> from phasesched.sim import Workload
     >>> s = trace_stats(Workload("w", [0.0, 1.0, 3.0], [10, 20, 30], [1, 2, 3]))
@@ -161,7 +162,7 @@ def trace_stats(workload: Workload) -> TraceStats:
     """
     if len(workload) == 0:
         msg = f"workload {workload.name!r} is empty"
-        raise ValueError(msg)
+        raise InvalidArgumentError(msg)
     t = workload.arrival_s
     gaps = np.diff(t)
     offsets = t - t[0]
