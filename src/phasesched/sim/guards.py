@@ -22,7 +22,7 @@ from phasesched.errors import PhaseschedError
 __all__ = ["MAX_CLOCK_S", "STALL_EVENTS", "SimulationError", "Watchdog", "check_clock"]
 
 MAX_CLOCK_S = float(2**32)
-"""The latest simulated time, in seconds: below it float64 seconds resolve 1 µs (``2**-20`` s)."""
+"""Seconds simulated time may reach; below it float64 seconds resolve 1 µs (``2**-20`` s) or better."""
 
 STALL_EVENTS = 10_000
 """Events in a row at one instant that change nothing, after which a simulation is stuck."""
@@ -69,7 +69,7 @@ class Watchdog:
     _idle: int = 0
 
     def event(self, now: float, progress: int) -> None:
-        """Record one event at ``now``; raise if the last :attr:`limit` events changed nothing."""
+        """Record one event at ``now``; raise if the last ``limit`` events changed nothing."""
         mark = (now, progress)
         self._idle = self._idle + 1 if mark == self._last else 0
         self._last = mark
