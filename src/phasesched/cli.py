@@ -9,8 +9,12 @@
     phasesched profile --executor torch --output profile.csv
     phasesched policies
 
-Exit status: 0 on success, 2 for a usage error (argparse's convention), 1 for any other failure,
-with a one-line message on standard error (an unknown policy's message lists the known ones).
+Exit status: 0 on success; 2 for a usage error (argparse's convention); 1 for bad input that
+phasesched refuses (a :class:`~phasesched.errors.PhaseschedError`: a malformed or non-text trace,
+an unknown policy, whose message lists the known ones, ...) or a file that cannot be read or
+written (an ``OSError``), with a one-line ``phasesched: error: ...`` on standard error. Anything
+else is a bug in phasesched or a plugin, not the user's mistake: it is not caught, so Python
+prints its full traceback (and exits with 1).
 Optional dependencies (matplotlib, rich, an executor's torch) are imported only when used, so
 ``phasesched --help`` answers at once and works without them.
 """
@@ -34,7 +38,7 @@ import attrs
 from phasesched import EXECUTORS, POLICIES, __version__
 from phasesched.costmodel.profiled import ProfiledCostModel, write_profile_csv
 from phasesched.costmodel.profiling import ProfileGrid, profile_executor
-from phasesched.errors import PhaseschedError
+from phasesched.errors import InvalidArgumentError, PhaseschedError
 from phasesched.experiments.context import ExperimentContext, ExperimentResult, jsonable
 from phasesched.experiments.mixed_load import MixedLoadResult, Verdict
 from phasesched.experiments.suite import SuiteOptions, run_experiment, suite_names
@@ -66,7 +70,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         status: int = args.handler(args)
     except BrokenPipeError:  # output piped into `head` and closed: nothing left to tell anyone
         return 1
-    except (PhaseschedError, OSError, ValueError) as error:
+    except (PhaseschedError, OSError) as error:  # the user's input or files; anything else is a bug: traceback
         print(f"phasesched: error: {error}", file=sys.stderr)  # noqa: T201 -- the CLI's error channel
         return 1
     return status
@@ -420,7 +424,7 @@ def _executor(args: argparse.Namespace, num_pages: int) -> tuple[Any, dict[str, 
         msg = (
             f"executor {args.executor!r} does not take {', '.join(refused)}; it takes: {', '.join(params) or 'nothing'}"
         )
-        raise ValueError(msg)
+        raise InvalidArgumentError(msg)
     implied = {"num_pages": num_pages, "page_size": args.page_size, "seed": args.seed}
     options = {k: v for k, v in implied.items() if takes_any or k in params} | given
     # The metadata records the factory's own defaults too, so the file says how it was measured.
@@ -435,7 +439,7 @@ def _key_values(pairs: list[str]) -> dict[str, Any]:
         key, sep, text = pair.partition("=")
         if not sep or not key.strip():
             msg = f"--option expects KEY=VALUE, got {pair!r}"
-            raise ValueError(msg)
+            raise InvalidArgumentError(msg)
         try:
             out[key.strip()] = ast.literal_eval(text)
         except (ValueError, SyntaxError):

@@ -22,6 +22,7 @@ from phasesched.experiments import (
     PhaseSplitConfig,
     PrefillCurveConfig,
     ReplayConfig,
+    ReplayResult,
     run_decode_curve,
     run_mixed_load,
     run_phase_split,
@@ -34,12 +35,13 @@ from phasesched.report import (
     _tables,
     format_cell,
     format_table,
+    loss_note,
     print_table,
     require_plotting,
     write_figures,
     write_results_json,
 )
-from phasesched.sim import fixed
+from phasesched.sim import Deployment, Workload, fixed
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
@@ -173,6 +175,37 @@ class TestTerminalUI:
             ui.table(results[1])
             ui.message("done")
         assert out.getvalue() == format_table(results[1]) + "\n\ndone\n"
+
+
+@pytest.fixture(scope="module")
+def cut() -> ReplayResult:
+    """A replay where two requests ask for more output than a 4,096-token context leaves."""
+    context = ExperimentContext(Deployment(max_model_len=4096), policies=("vllm", "sarathi"))
+    return run_replay(context, ReplayConfig(Workload("long", [0.0, 0.1], [4000, 10], [200, 4100])))
+
+
+class TestLossNote:
+    """Outputs cut short by the context limit are named under the table, even when quiet."""
+
+    def test_the_note_names_requests_and_tokens_per_row(self, cut: ReplayResult) -> None:
+        """Each policy's row is named with its cut requests and lost tokens."""
+        note = loss_note(cut)
+        assert note == (
+            "Outputs cut short to fit max_model_len (vllm: 2 requests, 118 tokens; sarathi: 2 requests, 118 tokens)"
+        )
+
+    @pytest.mark.parametrize("quiet", [False, True])
+    def test_the_terminal_shows_it_quiet_or_not(self, cut: ReplayResult, quiet: bool) -> None:
+        """The note follows the table, and stays when quiet hides the table."""
+        out = io.StringIO()
+        with TerminalUI(quiet=quiet, stream=out) as ui:
+            ui.table(cut)
+        table = "" if quiet else format_table(cut) + "\n\n"
+        assert out.getvalue() == f"{table}Note: {loss_note(cut)}\n"
+
+    def test_no_note_when_nothing_was_cut(self, results: list[ExperimentResult]) -> None:
+        """Experiments that lose nothing print no note."""
+        assert [loss_note(r) for r in results] == [None] * len(results)
 
 
 class FakeTerminal(io.StringIO):

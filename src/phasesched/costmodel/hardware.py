@@ -19,7 +19,7 @@ from collections.abc import Mapping
 
 import attrs
 
-from phasesched.errors import UnknownNameError
+from phasesched.errors import InvalidArgumentError, UnknownNameError
 
 __all__ = ["HARDWARE_PRESETS", "Hardware", "hardware_by_name"]
 
@@ -27,19 +27,19 @@ __all__ = ["HARDWARE_PRESETS", "Hardware", "hardware_by_name"]
 def _positive(_: object, attribute: attrs.Attribute[float], value: float) -> None:
     if not value > 0:
         msg = f"{attribute.name} must be positive, got {value}"
-        raise ValueError(msg)
+        raise InvalidArgumentError(msg)
 
 
 def _fraction(_: object, attribute: attrs.Attribute[float], value: float) -> None:
     if not 0.0 < value <= 1.0:
         msg = f"{attribute.name} must be in (0, 1], got {value}"
-        raise ValueError(msg)
+        raise InvalidArgumentError(msg)
 
 
 def _non_negative(_: object, attribute: attrs.Attribute[float], value: float) -> None:
     if not value >= 0:
         msg = f"{attribute.name} must be non-negative, got {value}"
-        raise ValueError(msg)
+        raise InvalidArgumentError(msg)
 
 
 @attrs.frozen

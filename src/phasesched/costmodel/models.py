@@ -13,11 +13,12 @@ from collections.abc import Mapping
 
 import attrs
 
-from phasesched.errors import UnknownNameError
+from phasesched._validators import typed
+from phasesched.errors import InvalidArgumentError, UnknownNameError
 
 __all__ = ["MODEL_PRESETS", "ModelSpec", "model_by_name"]
 
-_positive = attrs.validators.gt(0)
+_positive = typed(attrs.validators.gt(0))
 
 
 @attrs.frozen
@@ -60,7 +61,7 @@ class ModelSpec:
     def __attrs_post_init__(self) -> None:
         if self.num_heads % self.num_kv_heads:
             msg = f"num_heads ({self.num_heads}) must be a multiple of num_kv_heads ({self.num_kv_heads})"
-            raise ValueError(msg)
+            raise InvalidArgumentError(msg)
 
     @property
     def layer_linear_params(self) -> int:
@@ -122,7 +123,7 @@ class ModelSpec:
         return 2 * self.num_layers * self.num_kv_heads * self.head_dim * self.kv_bytes_per_element
 
     def check_tensor_parallel(self, tensor_parallel: int) -> None:
-        """Raise ``ValueError`` unless the model shards over ``tensor_parallel`` GPUs.
+        """Raise :class:`~phasesched.errors.InvalidArgumentError` unless the model shards over ``tensor_parallel`` GPUs.
 
         Query heads must split evenly; KV heads must split evenly or, when fewer than the GPUs,
         divide them (each KV head is then replicated, as vLLM does).
@@ -130,10 +131,10 @@ class ModelSpec:
         tp = tensor_parallel
         if tp < 1 or self.num_heads % tp:
             msg = f"tensor_parallel={tp} must be a positive divisor of num_heads={self.num_heads}"
-            raise ValueError(msg)
+            raise InvalidArgumentError(msg)
         if self.num_kv_heads % tp and tp % self.num_kv_heads:
             msg = f"tensor_parallel={tp} neither divides nor is a multiple of num_kv_heads={self.num_kv_heads}"
-            raise ValueError(msg)
+            raise InvalidArgumentError(msg)
 
     def kv_heads_per_gpu(self, tensor_parallel: int) -> int:
         """KV heads each GPU stores under ``tensor_parallel``-way sharding (at least one)."""

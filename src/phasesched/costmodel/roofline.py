@@ -25,9 +25,11 @@ import attrs
 import numpy as np
 from numpy.typing import NDArray
 
+from phasesched._validators import typed
 from phasesched.costmodel._batch import check_batch, check_decodes
 from phasesched.costmodel.hardware import Hardware, hardware_by_name
 from phasesched.costmodel.models import ModelSpec, model_by_name
+from phasesched.errors import InvalidArgumentError
 
 __all__ = ["DEFAULT_STEP_OVERHEAD_S", "RooflineCostModel", "StepBreakdown", "causal_pairs"]
 
@@ -51,7 +53,7 @@ def _hardware_default(name: str) -> Any:
 def _fraction(_: object, attribute: attrs.Attribute[float], value: float) -> None:
     if not 0.0 < value <= 1.0:
         msg = f"{attribute.name} must be in (0, 1], got {value}"
-        raise ValueError(msg)
+        raise InvalidArgumentError(msg)
 
 
 @attrs.frozen
@@ -181,7 +183,7 @@ class RooflineCostModel:
     attention_efficiency: float = attrs.field(default=_hardware_default("attention_efficiency"), validator=_fraction)
     bandwidth_efficiency: float = attrs.field(default=_hardware_default("bandwidth_efficiency"), validator=_fraction)
     link_efficiency: float = attrs.field(default=_hardware_default("link_efficiency"), validator=_fraction)
-    step_overhead_s: float = attrs.field(default=DEFAULT_STEP_OVERHEAD_S, validator=attrs.validators.ge(0.0))
+    step_overhead_s: float = attrs.field(default=DEFAULT_STEP_OVERHEAD_S, validator=typed(attrs.validators.ge(0.0)))
 
     _rates: _Rates = attrs.field(init=False, repr=False, eq=False)
 

@@ -20,7 +20,9 @@ import numpy as np
 from numpy.typing import NDArray
 
 from phasesched import POLICIES, PolicyOptions, SchedulingPolicy, load_policy
+from phasesched._validators import typed
 from phasesched.costmodel.protocol import CostModel
+from phasesched.metrics.summary import RunMetrics
 from phasesched.sim.deployment import Deployment
 
 __all__ = [
@@ -33,6 +35,7 @@ __all__ = [
     "json_object",
     "jsonable",
     "ms",
+    "output_losses",
     "quantiles_ms",
 ]
 
@@ -118,7 +121,7 @@ class ExperimentContext:
 
     deployment: Deployment = attrs.field(factory=Deployment)
     policies: tuple[str, ...] = attrs.field(default=(), converter=_names)
-    seed: int = attrs.field(default=0, validator=attrs.validators.ge(0))
+    seed: int = attrs.field(default=0, validator=typed(attrs.validators.ge(0)))
     progress: ProgressHook | None = attrs.field(default=None, eq=False, repr=False)
 
     def policy_names(self, default: tuple[str, ...]) -> tuple[str, ...]:
@@ -152,6 +155,16 @@ class ExperimentContext:
         """Forward progress to the hook, if there is one."""
         if self.progress is not None:
             self.progress(task, completed, total)
+
+
+def output_losses(metrics: RunMetrics) -> Row:
+    """A run's row keys for outputs the context limit cut short: requests and tokens lost.
+
+    >>> from phasesched.metrics import RunMetrics
+    >>> output_losses(RunMetrics({"truncated_outputs": 2, "truncated_output_tokens": 70}, {}))
+    {'truncated_outputs': 2, 'truncated_output_tokens': 70}
+    """
+    return {key: metrics[key] for key in ("truncated_outputs", "truncated_output_tokens")}
 
 
 def ms(seconds: float) -> float | None:

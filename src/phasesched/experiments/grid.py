@@ -8,7 +8,8 @@ from typing import Any
 
 import attrs
 
-from phasesched.experiments.context import Column, ExperimentContext, Row, json_object
+from phasesched._validators import typed
+from phasesched.experiments.context import Column, ExperimentContext, Row, json_object, output_losses
 from phasesched.sim.closed_loop import GridPoint, grid_points
 from phasesched.sim.simulator import simulate
 
@@ -36,8 +37,8 @@ class GridConfig:
     prompts: tuple[int, ...] = attrs.field(default=(128, 1024, 4096, 16384), converter=_ints)
     outputs: tuple[int, ...] = attrs.field(default=(32, 256, 1024), converter=_ints)
     concurrency: tuple[int, ...] = attrs.field(default=(1, 8, 32), converter=_ints)
-    requests_per_client: int = attrs.field(default=4, validator=attrs.validators.gt(0))
-    min_requests: int = attrs.field(default=8, validator=attrs.validators.gt(0))
+    requests_per_client: int = attrs.field(default=4, validator=typed(attrs.validators.gt(0)))
+    min_requests: int = attrs.field(default=8, validator=typed(attrs.validators.gt(0)))
 
     @classmethod
     def quick(cls) -> GridConfig:
@@ -130,6 +131,7 @@ def run_grid(context: ExperimentContext, config: GridConfig | None = None) -> Gr
                     "mean_e2el_ms": metrics["mean_e2el_ms"],
                     "input_tok_s": metrics["input_throughput"],
                     "output_tok_s": metrics["output_throughput"],
+                    **output_losses(metrics),
                 }
             )
             context.report("grid", len(rows), len(policies) * len(points))

@@ -18,7 +18,9 @@ import attrs
 import numpy as np
 from numpy.typing import NDArray
 
-from phasesched.experiments.context import Column, ExperimentContext, Row, json_object, ms, quantiles_ms
+from phasesched._validators import typed
+from phasesched.errors import InvalidArgumentError
+from phasesched.experiments.context import Column, ExperimentContext, Row, json_object, ms, output_losses, quantiles_ms
 from phasesched.metrics.summary import RunMetrics
 from phasesched.sim.builders import mixed_load
 from phasesched.sim.deployment import Disaggregation
@@ -63,16 +65,16 @@ class MixedLoadConfig:
             throughput is at least this fraction of no chunking's.
     """
 
-    num_short: int = attrs.field(default=32, validator=attrs.validators.gt(0))
-    short_prompt: int = attrs.field(default=512, validator=attrs.validators.gt(0))
-    short_output: int = attrs.field(default=1024, validator=attrs.validators.gt(1))
-    long_prompt: int = attrs.field(default=16384, validator=attrs.validators.gt(0))
-    long_arrival_s: float = attrs.field(default=0.5, validator=attrs.validators.ge(0.0))
+    num_short: int = attrs.field(default=32, validator=typed(attrs.validators.gt(0)))
+    short_prompt: int = attrs.field(default=512, validator=typed(attrs.validators.gt(0)))
+    short_output: int = attrs.field(default=1024, validator=typed(attrs.validators.gt(1)))
+    long_prompt: int = attrs.field(default=16384, validator=typed(attrs.validators.gt(0)))
+    long_arrival_s: float = attrs.field(default=0.5, validator=typed(attrs.validators.ge(0.0)))
     chunk_sizes: tuple[int, ...] = attrs.field(default=(256, 512, 1024, 2048, 4096), converter=_sizes)
-    tbt_factor: float = attrs.field(default=2.5, validator=attrs.validators.gt(0.0))
+    tbt_factor: float = attrs.field(default=2.5, validator=typed(attrs.validators.gt(0.0)))
     disaggregation: Disaggregation | None = attrs.field(factory=Disaggregation)
     min_prefill_fraction: float = attrs.field(
-        default=0.9, validator=[attrs.validators.gt(0.0), attrs.validators.le(1.0)]
+        default=0.9, validator=typed(attrs.validators.gt(0.0), attrs.validators.le(1.0))
     )
 
     @classmethod
@@ -272,6 +274,7 @@ def _measure(
         "prefill_tok_s": long.prompt_len / busy_s if busy_s > 0 else None,
         "mean_itl_ms": metrics["mean_itl_ms"],
         "p99_itl_ms": metrics["p99_itl_ms"],
+        **output_losses(metrics),
     }
     return row, window, {phase: s * 1e3 for phase, s in long.budget.as_dict().items()}
 
@@ -334,7 +337,7 @@ def verdict(
         long_prompt: The long prompt's length, for the text.
 
     Raises:
-        ValueError: There is no no-chunk row or it has no gaps or throughput to compare with.
+        InvalidArgumentError: There is no no-chunk row or it has no gaps or throughput to compare with.
 
     >>> rows = [
     ...     {"label": "no-chunk", "gpus": 1, "p99_gap_ms": 470.0, "prefill_tok_s": 34000.0},
@@ -347,7 +350,7 @@ def verdict(
     base = next((r for r in rows if r["label"] == BASELINE), None)
     if base is None or base["p99_gap_ms"] is None or not base["prefill_tok_s"]:
         msg = f"the verdict needs a {BASELINE!r} row with token gaps and prefill throughput"
-        raise ValueError(msg)
+        raise InvalidArgumentError(msg)
     floor = min_prefill_fraction * base["prefill_tok_s"]
     measured = [r for r in rows if r["p99_gap_ms"] is not None and r["prefill_tok_s"] is not None]
     eligible = [r for r in measured if r["gpus"] <= base["gpus"] and r["prefill_tok_s"] >= floor]

@@ -7,7 +7,8 @@ from typing import Any
 
 import attrs
 
-from phasesched.experiments.context import Column, ExperimentContext, Row, json_object
+from phasesched._validators import typed
+from phasesched.experiments.context import Column, ExperimentContext, Row, json_object, output_losses
 from phasesched.metrics.summary import RunMetrics
 from phasesched.sim.arrivals import Poisson
 from phasesched.sim.builders import synthetic
@@ -46,15 +47,15 @@ class PhaseSplitConfig:
         aggregated: Also run aggregated replicas with each ratio's GPU count.
     """
 
-    num_requests: int = attrs.field(default=300, validator=attrs.validators.gt(0))
-    rate: float = attrs.field(default=12.0, validator=attrs.validators.gt(0.0))
-    prompt_median: int = attrs.field(default=2048, validator=attrs.validators.gt(0))
-    output_median: int = attrs.field(default=256, validator=attrs.validators.gt(0))
+    num_requests: int = attrs.field(default=300, validator=typed(attrs.validators.gt(0)))
+    rate: float = attrs.field(default=12.0, validator=typed(attrs.validators.gt(0.0)))
+    prompt_median: int = attrs.field(default=2048, validator=typed(attrs.validators.gt(0)))
+    output_median: int = attrs.field(default=256, validator=typed(attrs.validators.gt(0)))
     ratios: tuple[tuple[int, int], ...] = attrs.field(default=((1, 1), (1, 2), (1, 3), (2, 2)), converter=_ratios)
-    link_bandwidth_gbs: float = attrs.field(default=50.0, validator=attrs.validators.gt(0.0))
-    link_latency_s: float = attrs.field(default=20e-6, validator=attrs.validators.ge(0.0))
-    ttft_slo_s: float = attrs.field(default=1.0, validator=attrs.validators.gt(0.0))
-    tpot_slo_s: float = attrs.field(default=0.025, validator=attrs.validators.gt(0.0))
+    link_bandwidth_gbs: float = attrs.field(default=50.0, validator=typed(attrs.validators.gt(0.0)))
+    link_latency_s: float = attrs.field(default=20e-6, validator=typed(attrs.validators.ge(0.0)))
+    ttft_slo_s: float = attrs.field(default=1.0, validator=typed(attrs.validators.gt(0.0)))
+    tpot_slo_s: float = attrs.field(default=0.025, validator=typed(attrs.validators.gt(0.0)))
     aggregated: bool = True
 
     @classmethod
@@ -153,6 +154,7 @@ def _row(policy: str, layout: _Layout, gpus: int, metrics: RunMetrics) -> Row:
         "output_tok_s_per_gpu": metrics["output_throughput"] / gpus,
         "total_tok_s_per_gpu": metrics["total_token_throughput"] / gpus,
         "goodput_per_gpu": metrics["request_goodput"] / gpus,
+        **output_losses(metrics),
     }
 
 

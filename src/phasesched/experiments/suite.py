@@ -22,6 +22,7 @@ from collections.abc import Callable
 
 import attrs
 
+from phasesched.errors import InvalidArgumentError
 from phasesched.experiments.context import ExperimentContext, ExperimentResult
 from phasesched.experiments.decode_curve import DecodeCurveConfig, run_decode_curve
 from phasesched.experiments.grid import GridConfig, run_grid
@@ -65,16 +66,16 @@ def suite_names(experiment: str | None, options: SuiteOptions) -> tuple[str, ...
     """The experiments to run: ``experiment`` alone, or the suite (with ``replay`` if there is a trace).
 
     Raises:
-        ValueError: An unknown name, or ``replay`` without a trace.
+        InvalidArgumentError: An unknown name, or ``replay`` without a trace.
     """
     if experiment is None:
         return SUITE + (("replay",) if options.trace is not None else ())
     if experiment not in EXPERIMENTS:
         msg = f"no experiment named {experiment!r}; known: {', '.join(EXPERIMENTS)}"
-        raise ValueError(msg)
+        raise InvalidArgumentError(msg)
     if experiment == "replay" and options.trace is None:
         msg = "the replay experiment needs a trace"
-        raise ValueError(msg)
+        raise InvalidArgumentError(msg)
     return (experiment,)
 
 
@@ -104,7 +105,7 @@ def _grid(context: ExperimentContext, options: SuiteOptions) -> ExperimentResult
 def _replay(context: ExperimentContext, options: SuiteOptions) -> ExperimentResult:
     if options.trace is None:
         msg = "the replay experiment needs a trace"
-        raise ValueError(msg)
+        raise InvalidArgumentError(msg)
     limit = options.limit if options.limit is not None or not options.quick else QUICK_REPLAY_LIMIT
     return run_replay(context, ReplayConfig(options.trace, rate=options.rate, limit=limit))
 
@@ -123,7 +124,7 @@ def run_experiment(name: str, context: ExperimentContext, options: SuiteOptions 
     """Run the experiment called ``name`` (one of :data:`EXPERIMENTS`).
 
     Raises:
-        ValueError: An unknown name, or ``replay`` without a trace.
+        InvalidArgumentError: An unknown name, or ``replay`` without a trace.
 
     >>> run_experiment("prefill", ExperimentContext(), SuiteOptions(quick=True)).name
     'prefill_curve'
@@ -131,5 +132,5 @@ def run_experiment(name: str, context: ExperimentContext, options: SuiteOptions 
     runner = _RUNNERS.get(name)
     if runner is None:
         msg = f"no experiment named {name!r}; known: {', '.join(EXPERIMENTS)}"
-        raise ValueError(msg)
+        raise InvalidArgumentError(msg)
     return runner(context, options or SuiteOptions())

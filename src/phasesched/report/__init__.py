@@ -19,6 +19,7 @@ from phasesched.report._plots import write_figures as write_figures
 from phasesched.report._results import write_results_json as write_results_json
 from phasesched.report._tables import format_cell as format_cell
 from phasesched.report._tables import format_table as format_table
+from phasesched.report._tables import loss_note as loss_note
 from phasesched.report._tables import print_table as print_table
 from phasesched.report._tables import rich_available as rich_available
 
@@ -27,6 +28,7 @@ __all__ = [
     "TerminalUI",
     "format_cell",
     "format_table",
+    "loss_note",
     "plot_decode_curve",
     "plot_gap_cdf",
     "plot_latency_budgets",

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import attrs
 
+from phasesched._validators import typed
 from phasesched.costmodel.models import model_by_name
 from phasesched.costmodel.protocol import CostModel
 from phasesched.costmodel.roofline import RooflineCostModel
+from phasesched.errors import InvalidArgumentError
 from phasesched.scheduler import SchedulerConfig
 
 __all__ = ["Deployment", "Disaggregation"]
@@ -33,12 +35,12 @@ class Deployment:
 
     hardware: str = "H200"
     model: str = "llama-3-8b"
-    tensor_parallel: int = attrs.field(default=1, validator=attrs.validators.gt(0))
-    page_size: int = attrs.field(default=16, validator=attrs.validators.gt(0))
+    tensor_parallel: int = attrs.field(default=1, validator=typed(attrs.validators.gt(0)))
+    page_size: int = attrs.field(default=16, validator=typed(attrs.validators.gt(0)))
     gpu_memory_utilization: float = attrs.field(
-        default=0.9, validator=[attrs.validators.gt(0.0), attrs.validators.le(1.0)]
+        default=0.9, validator=typed(attrs.validators.gt(0.0), attrs.validators.le(1.0))
     )
-    max_model_len: int = attrs.field(default=32768, validator=attrs.validators.gt(0))
+    max_model_len: int = attrs.field(default=32768, validator=typed(attrs.validators.gt(0)))
     cost_model: CostModel | None = None
     num_pages: int | None = None
 
@@ -54,14 +56,14 @@ class Deployment:
         """KV pages per worker: what fits beside the weights, unless overridden.
 
         Raises:
-            ValueError: The weights leave no room for KV.
+            InvalidArgumentError: The weights leave no room for KV.
         """
         if self.num_pages is not None:
             return self.num_pages
         pages = self.roofline().kv_capacity_tokens(self.gpu_memory_utilization) // self.page_size
         if pages <= 0:
             msg = f"{self.model} does not fit on {self.tensor_parallel} x {self.hardware} with room for KV"
-            raise ValueError(msg)
+            raise InvalidArgumentError(msg)
         return pages
 
     def kv_bytes_per_token(self) -> int:
@@ -85,7 +87,7 @@ class Disaggregation:
         link_latency_s: Fixed latency added to every transfer.
     """
 
-    prefill_workers: int = attrs.field(default=1, validator=attrs.validators.gt(0))
-    decode_workers: int = attrs.field(default=1, validator=attrs.validators.gt(0))
-    link_bandwidth_gbs: float = attrs.field(default=50.0, validator=attrs.validators.gt(0.0))
-    link_latency_s: float = attrs.field(default=20e-6, validator=attrs.validators.ge(0.0))
+    prefill_workers: int = attrs.field(default=1, validator=typed(attrs.validators.gt(0)))
+    decode_workers: int = attrs.field(default=1, validator=typed(attrs.validators.gt(0)))
+    link_bandwidth_gbs: float = attrs.field(default=50.0, validator=typed(attrs.validators.gt(0.0)))
+    link_latency_s: float = attrs.field(default=20e-6, validator=typed(attrs.validators.ge(0.0)))
