@@ -4,12 +4,16 @@ from __future__ import annotations
 
 import attrs
 
+from phasesched.costmodel.hardware import hardware_by_name
+from phasesched.costmodel.memory import MemoryBudget, memory_budget
 from phasesched.costmodel.models import model_by_name
 from phasesched.costmodel.protocol import CostModel
 from phasesched.costmodel.roofline import RooflineCostModel
 from phasesched.scheduler import SchedulerConfig
 
 __all__ = ["Deployment", "Disaggregation"]
+
+_positive = attrs.validators.gt(0)
 
 
 @attrs.frozen
@@ -21,14 +25,18 @@ class Deployment:
         model: A model preset (``llama-3-8b``, ``llama-3-70b``).
         tensor_parallel: GPUs per worker.
         page_size: Tokens per KV page.
-        gpu_memory_utilization: Fraction of GPU memory for weights plus KV (vLLM's knob).
+        gpu_memory_utilization: Fraction of GPU memory vLLM may use for weights, activations and KV.
         max_model_len: Longest sequence served.
         cost_model: Overrides the roofline built from ``hardware`` and ``model`` (a profiled table, say).
         num_pages: Overrides the KV capacity derived from memory.
+        max_num_batched_tokens: The token budget vLLM profiles its activation reserve with
+            (``None``: vLLM's default for the hardware, see
+            :func:`~phasesched.costmodel.memory.serving_defaults`).
+        max_num_seqs: The sequence cap vLLM profiles its sampler's reserve with (likewise).
 
     >>> deployment = Deployment()
-    >>> deployment.kv_pages() > 40_000       # H200 + Llama-3-8B: ~760K tokens of KV
-    True
+    >>> deployment.kv_tokens()       # H200 + Llama-3-8B at 0.9: vLLM's "GPU KV cache size"
+    868416
     """
 
     hardware: str = "H200"
@@ -41,6 +49,8 @@ class Deployment:
     max_model_len: int = attrs.field(default=32768, validator=attrs.validators.gt(0))
     cost_model: CostModel | None = None
     num_pages: int | None = None
+    max_num_batched_tokens: int | None = attrs.field(default=None, validator=attrs.validators.optional(_positive))
+    max_num_seqs: int | None = attrs.field(default=None, validator=attrs.validators.optional(_positive))
 
     def roofline(self) -> RooflineCostModel:
         """The roofline model for this hardware, model and parallelism."""
@@ -50,19 +60,38 @@ class Deployment:
         """The cost model steps are priced with."""
         return self.cost_model if self.cost_model is not None else self.roofline()
 
+    def memory(self) -> MemoryBudget:
+        """How each GPU's memory divides into weights, activations, non-torch memory and KV (as vLLM does)."""
+        return memory_budget(
+            hardware_by_name(self.hardware),
+            model_by_name(self.model),
+            self.tensor_parallel,
+            gpu_memory_utilization=self.gpu_memory_utilization,
+            max_num_batched_tokens=self.max_num_batched_tokens,
+            max_num_seqs=self.max_num_seqs,
+        )
+
     def kv_pages(self) -> int:
-        """KV pages per worker: what fits beside the weights, unless overridden.
+        """KV pages per worker: what fits beside weights and activations (:meth:`memory`), unless overridden.
 
         Raises:
-            ValueError: The weights leave no room for KV.
+            ValueError: The weights and activations leave no room for KV.
         """
         if self.num_pages is not None:
             return self.num_pages
-        pages = self.roofline().kv_capacity_tokens(self.gpu_memory_utilization) // self.page_size
+        budget = self.memory()
+        pages = budget.num_pages(self.page_size)
         if pages <= 0:
-            msg = f"{self.model} does not fit on {self.tensor_parallel} x {self.hardware} with room for KV"
+            msg = (
+                f"{self.model} does not fit on {self.tensor_parallel} x {self.hardware} with room for KV "
+                f"({budget.describe()})"
+            )
             raise ValueError(msg)
         return pages
+
+    def kv_tokens(self) -> int:
+        """Tokens of KV each worker holds (pages x page size)."""
+        return self.kv_pages() * self.page_size
 
     def kv_bytes_per_token(self) -> int:
         """KV bytes one token occupies across the whole model (what a disaggregated transfer moves)."""
