@@ -32,6 +32,7 @@ from typing import Any
 import attrs
 
 from phasesched import EXECUTORS, POLICIES, __version__
+from phasesched._cli_tune import add_tune
 from phasesched.costmodel.profiled import ProfiledCostModel, write_profile_csv
 from phasesched.costmodel.profiling import ProfileGrid, profile_executor
 from phasesched.errors import PhaseschedError
@@ -91,6 +92,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_bench(commands)
     _add_trace(commands)
     _add_profile(commands)
+    add_tune(commands)
     policies = commands.add_parser("policies", help="list the registered scheduling policies")
     policies.set_defaults(handler=_policies, subparser=policies)
     return parser

@@ -110,6 +110,8 @@ class ExperimentContext:
             default (the curves, phase split and grid use ``vllm``; mixed load always compares
             its own set and *adds* these).
         seed: Seeds every random workload, so two runs with one seed are identical.
+        policy_options: :class:`PolicyOptions` fields given to every policy (``--policy-option``);
+            an experiment's own overrides (a chunk sweep's chunk) come on top.
         progress: Told as runs complete (not part of equality).
 
     >>> ExperimentContext().policy_names(("vllm",))
@@ -119,6 +121,7 @@ class ExperimentContext:
     deployment: Deployment = attrs.field(factory=Deployment)
     policies: tuple[str, ...] = attrs.field(default=(), converter=_names)
     seed: int = attrs.field(default=0, validator=attrs.validators.ge(0))
+    policy_options: dict[str, Any] = attrs.field(factory=dict, kw_only=True)
     progress: ProgressHook | None = attrs.field(default=None, eq=False, repr=False)
 
     def policy_names(self, default: tuple[str, ...]) -> tuple[str, ...]:
@@ -145,6 +148,7 @@ class ExperimentContext:
         that needs a cost model (``sarathi-slo``) works anywhere.
         """
         options: dict[str, Any] = {"max_model_len": self.deployment.max_model_len, "cost_model": self.cost_model()}
+        options.update(self.policy_options)
         options.update(overrides)
         return load_policy(name, PolicyOptions(**options))
 

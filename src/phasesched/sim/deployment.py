@@ -33,6 +33,7 @@ class Deployment:
             (``None``: vLLM's default for the hardware, see
             :func:`~phasesched.costmodel.memory.serving_defaults`).
         max_num_seqs: The sequence cap vLLM profiles its sampler's reserve with (likewise).
+        cost_model_source: Where ``cost_model`` comes from, in words (reports name it).
 
     >>> deployment = Deployment()
     >>> deployment.kv_tokens()       # H200 + Llama-3-8B at 0.9: vLLM's "GPU KV cache size"
@@ -51,6 +52,7 @@ class Deployment:
     num_pages: int | None = None
     max_num_batched_tokens: int | None = attrs.field(default=None, validator=attrs.validators.optional(_positive))
     max_num_seqs: int | None = attrs.field(default=None, validator=attrs.validators.optional(_positive))
+    cost_model_source: str = ""
 
     def roofline(self) -> RooflineCostModel:
         """The roofline model for this hardware, model and parallelism."""
@@ -92,6 +94,29 @@ class Deployment:
     def kv_tokens(self) -> int:
         """Tokens of KV each worker holds (pages x page size)."""
         return self.kv_pages() * self.page_size
+
+    def describe(self) -> str:
+        """What is simulated, in one line: hardware, model, TP, KV capacity and cost model."""
+        kv = f"KV {self.kv_tokens():,} tokens per worker ({self.kv_pages():,} pages of {self.page_size})"
+        cost = self.cost_model_source or ("roofline" if self.cost_model is None else type(self.cost_model).__name__)
+        gpus = f"{self.hardware} x {self.tensor_parallel} (TP{self.tensor_parallel})"
+        return f"{gpus} serving {self.model}; {kv}; cost model: {cost}"
+
+    def to_dict(self) -> dict[str, object]:
+        """The ``deployment`` block of ``results.json``."""
+        memory = self.memory() if self.num_pages is None else None
+        return {
+            "hardware": self.hardware,
+            "model": self.model,
+            "tensor_parallel": self.tensor_parallel,
+            "gpu_memory_utilization": self.gpu_memory_utilization,
+            "page_size": self.page_size,
+            "kv_pages": self.kv_pages(),
+            "kv_tokens": self.kv_tokens(),
+            "kv_cache_gib": None if memory is None else memory.kv_cache_bytes / 2**30,
+            "cost_model": "roofline" if self.cost_model is None else "profiled",
+            "cost_model_source": self.cost_model_source or "roofline presets",
+        }
 
     def kv_bytes_per_token(self) -> int:
         """KV bytes one token occupies across the whole model (what a disaggregated transfer moves)."""
