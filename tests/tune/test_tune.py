@@ -16,7 +16,7 @@ from phasesched.sim.arrivals import Poisson
 from phasesched.sim.builders import synthetic
 from phasesched.sim.lengths import Uniform
 from phasesched.slo import SLO
-from phasesched.tune import CapacityConfig, Candidate, Layout, SearchSpace, TuneRun, find_capacity, layouts, run_tune
+from phasesched.tune import Candidate, CapacityConfig, Layout, SearchSpace, TuneRun, find_capacity, layouts, run_tune
 from phasesched.tune.search import pareto_front
 
 WORKLOAD = synthetic(40, Poisson(1.0), Uniform(256, 2048), Uniform(16, 64), seed=3)
