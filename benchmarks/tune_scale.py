@@ -41,7 +41,8 @@ def main() -> None:
         print(f"{backend:8s} workers={workers}: {outcomes[backend][0]:7.1f} s, {result.simulations} simulations")
     (serial_s, serial), (pooled_s, pooled) = outcomes["serial"], outcomes["process"]
     print(f"speed-up with 2 processes: {serial_s / pooled_s:.2f}x")
-    print(f"same table: {serial.rows == pooled.rows}; same recommendation: {serial.recommendation == pooled.recommendation}")
+    same = serial.recommendation == pooled.recommendation
+    print(f"same table: {serial.rows == pooled.rows}; same recommendation: {same}")
     print(serial.recommendation)
 
 
