@@ -32,15 +32,15 @@ from typing import Any
 import attrs
 
 from phasesched import EXECUTORS, POLICIES, __version__
+from phasesched._cli_options import add_deployment_options, build_deployment, key_values
 from phasesched._cli_tune import add_tune
-from phasesched.costmodel.profiled import ProfiledCostModel, write_profile_csv
+from phasesched.costmodel.profiled import write_profile_csv
 from phasesched.costmodel.profiling import ProfileGrid, profile_executor
 from phasesched.errors import PhaseschedError
 from phasesched.experiments.context import ExperimentContext, ExperimentResult, jsonable
 from phasesched.experiments.mixed_load import MixedLoadResult, Verdict
 from phasesched.experiments.suite import SuiteOptions, run_experiment, suite_names
 from phasesched.report import MissingExtraError, TerminalUI, require_plotting, write_figures, write_results_json
-from phasesched.sim.deployment import Deployment
 from phasesched.sim.trace_stats import trace_stats
 from phasesched.sim.traces import load_trace
 
@@ -137,9 +137,7 @@ def _add_bench(commands: Any) -> None:
         "or one experiment, print tables, and write results.json and PNG figures to the output folder.",
     )
     bench.add_argument("experiment", nargs="?", choices=EXPERIMENTS, help="one experiment (default: the suite)")
-    bench.add_argument("--hardware", default="H200", help="hardware preset: H200, H100-SXM, A100-80GB (default H200)")
-    bench.add_argument("--model", default="llama-3-8b", help="model preset: llama-3-8b, llama-3-70b")
-    bench.add_argument("--tensor-parallel", "--tp", type=_positive(int), default=1, help="GPUs per worker")
+    add_deployment_options(bench)
     bench.add_argument(
         "--policy",
         type=_names,
@@ -149,10 +147,11 @@ def _add_bench(commands: Any) -> None:
         "and replay run these, mixed load adds them to its comparison",
     )
     bench.add_argument(
-        "--cost-model",
-        type=Path,
-        metavar="FILE.csv",
-        help="price steps with a profiled table (from `phasesched profile`) instead of the roofline",
+        "--policy-option",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a PolicyOptions field for every policy (repeatable), e.g. chunk_size=1024 or max_num_seqs=128",
     )
     bench.add_argument("--trace", type=Path, metavar="FILE", help="a trace to replay (azure, mooncake, csv, jsonl)")
     bench.add_argument("--rate", type=_positive(float), help="req/s: the replay's rate and the phase split's")
@@ -231,7 +230,8 @@ def _add_profile(commands: Any) -> None:
 def _bench(args: argparse.Namespace) -> int:
     """Run the experiments, show tables, write results.json and figures, end with the verdict."""
     policies = tuple(name for group in args.policy or () for name in group)
-    context = ExperimentContext(_deployment(args), policies, args.seed)
+    policy_options = key_values(args.policy_option, "--policy-option")
+    context = ExperimentContext(build_deployment(args), policies, args.seed, policy_options=policy_options)
     context.check_policies()  # everything that can fail on bad input fails before the first run
     plots = _can_plot(args.no_plots)
     options = _suite_options(args)
@@ -241,6 +241,7 @@ def _bench(args: argparse.Namespace) -> int:
     started = time.perf_counter()
     results: list[ExperimentResult] = []
     with TerminalUI(quiet=args.quiet) as ui:
+        ui.message(f"Simulating: {context.deployment.describe()}")
         context = attrs.evolve(context, progress=ui)
         for name in names:
             results.append(run_experiment(name, context, options))
@@ -272,16 +273,6 @@ def _suite_options(args: argparse.Namespace) -> SuiteOptions:
     return SuiteOptions(quick=args.quick, rate=args.rate, trace=trace, limit=args.limit)
 
 
-def _deployment(args: argparse.Namespace) -> Deployment:
-    """The simulated worker; unknown presets and models that do not fit fail here, before any run."""
-    cost = ProfiledCostModel.from_csv(args.cost_model) if args.cost_model is not None else None
-    deployment = Deployment(
-        hardware=args.hardware, model=args.model, tensor_parallel=args.tensor_parallel, cost_model=cost
-    )
-    deployment.kv_pages()
-    return deployment
-
-
 def _payload(  # noqa: PLR0913 -- the parts of one results file
     args: argparse.Namespace,
     context: ExperimentContext,
@@ -295,11 +286,13 @@ def _payload(  # noqa: PLR0913 -- the parts of one results file
         "phasesched_version": __version__,
         "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "command": ["phasesched", *args.arguments],
+        "deployment": context.deployment.to_dict(),
         "settings": {
             "hardware": args.hardware,
             "model": args.model,
             "tensor_parallel": args.tensor_parallel,
             "cost_model": str(args.cost_model) if args.cost_model else "roofline",
+            "policy_options": jsonable(context.policy_options),
             "kv_pages": context.deployment.kv_pages(),
             "page_size": context.deployment.page_size,
             "policies": list(context.policies),

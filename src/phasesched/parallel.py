@@ -13,13 +13,12 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ProcessPoolExecutor, as_completed
-from typing import Any, Literal, TypeVar
+from typing import Any, Literal
 
 from phasesched.errors import InvalidArgumentError
 
 __all__ = ["BACKENDS", "Backend", "default_workers", "map_tasks"]
 
-T = TypeVar("T")
 Backend = Literal["serial", "process", "ray"]
 BACKENDS: tuple[Backend, ...] = ("serial", "process", "ray")
 """The backends :func:`map_tasks` knows."""
@@ -33,14 +32,14 @@ def default_workers() -> int:
 
 
 def map_tasks(  # noqa: PLR0913 -- the function, its inputs and how to run them
-    function: Callable[..., T],
+    function: Callable[..., Any],
     arguments: Sequence[tuple[Any, ...]],
     *,
     backend: Backend = "process",
     workers: int | None = None,
     address: str | None = None,
     progress: Progress | None = None,
-) -> list[T]:
+) -> list[Any]:
     """``[function(*a) for a in arguments]``, computed on ``backend``, in input order.
 
     Args:
@@ -67,7 +66,9 @@ def map_tasks(  # noqa: PLR0913 -- the function, its inputs and how to run them
     return _map_pool(function, arguments, min(size, len(arguments)), progress)
 
 
-def _map_serial(function: Callable[..., T], arguments: Sequence[tuple[Any, ...]], progress: Progress | None) -> list[T]:
+def _map_serial(
+    function: Callable[..., Any], arguments: Sequence[tuple[Any, ...]], progress: Progress | None
+) -> list[Any]:
     out = []
     for done, args in enumerate(arguments, 1):
         out.append(function(*args))
@@ -77,11 +78,11 @@ def _map_serial(function: Callable[..., T], arguments: Sequence[tuple[Any, ...]]
 
 
 def _map_pool(
-    function: Callable[..., T], arguments: Sequence[tuple[Any, ...]], workers: int, progress: Progress | None
-) -> list[T]:
-    results: dict[int, T] = {}
+    function: Callable[..., Any], arguments: Sequence[tuple[Any, ...]], workers: int, progress: Progress | None
+) -> list[Any]:
+    results: dict[int, Any] = {}
     with ProcessPoolExecutor(max_workers=workers) as pool:
-        futures: dict[Future[T], int] = {pool.submit(function, *args): i for i, args in enumerate(arguments)}
+        futures: dict[Future[Any], int] = {pool.submit(function, *args): i for i, args in enumerate(arguments)}
         for future in as_completed(futures):
             results[futures[future]] = future.result()
             if progress is not None:
@@ -90,8 +91,8 @@ def _map_pool(
 
 
 def _map_ray(
-    function: Callable[..., T], arguments: Sequence[tuple[Any, ...]], address: str | None, progress: Progress | None
-) -> list[T]:
+    function: Callable[..., Any], arguments: Sequence[tuple[Any, ...]], address: str | None, progress: Progress | None
+) -> list[Any]:
     try:
         import ray  # noqa: PLC0415 -- an optional extra, imported only when asked for
     except ImportError:
@@ -104,7 +105,7 @@ def _map_ray(
     remote = ray.remote(function)
     refs = [remote.remote(*args) for args in arguments]
     index = {ref: i for i, ref in enumerate(refs)}
-    results: dict[int, T] = {}
+    results: dict[int, Any] = {}
     pending = list(refs)
     while pending:
         ready, pending = ray.wait(pending, num_returns=1)

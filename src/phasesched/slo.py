@@ -132,7 +132,7 @@ class SLO:
     def judge(self, values: Mapping[str, float]) -> SLOVerdict:
         """Judge a run from its results (``completed``, ``request_goodput`` and the latency keys).
 
-        ``request_goodput`` must have been counted against :attr:`ttft_s` and :attr:`tpot_s`
+        ``request_goodput`` must have been counted against ``ttft_s`` and ``tpot_s``
         (the simulator does, given them).
         """
         completed = values.get("completed", 0)

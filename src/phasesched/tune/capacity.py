@@ -64,7 +64,7 @@ class Probe:
     Attributes:
         rate: Offered request rate (req/s).
         verdict: How the run fared against the SLO.
-        values: The kept results keys (:data:`KEPT_KEYS`).
+        values: The kept results keys (``KEPT_KEYS``).
     """
 
     rate: float
