@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from phasesched.cli import main
+from phasesched.costmodel import ProfilePoint, write_profile_csv
 from phasesched.errors import InvalidArgumentError
 from phasesched.experiments.context import ExperimentContext
 from phasesched.parallel import map_tasks
@@ -152,3 +153,29 @@ class TestCommand:
         """An unknown SLO key exits 2 with argparse's message."""
         assert main(["tune", "--gpus", "2", "--slo", "latency=1s"]) == 2
         assert "unknown SLO target 'latency'" in capsys.readouterr().err
+
+
+class TestProfileMismatch:
+    def _profile(self, tmp_path: Path) -> Path:
+        points = [ProfilePoint(p, 0, d, 64, 1e-3 + 1e-6 * p + 1e-5 * d) for p in (0, 512) for d in (0, 8)]
+        path = tmp_path / "profile.csv"
+        write_profile_csv(path, points, {"executor": "torch", "model": "tiny", "device": "cpu"})
+        return path
+
+    def test_refused_without_permission(self, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+        """A CPU/tiny profile priced as H200 + Llama-3-8B exits 1 naming the recorded setup."""
+        args = ["bench", "prefill", "--quick", "--no-plots", "--quiet", "--output", str(tmp_path / "out")]
+        assert main([*args, "--cost-model", str(self._profile(tmp_path))]) == 1
+        err = capsys.readouterr().err
+        assert "hardware 'cpu'" in err
+        assert "model 'tiny'" in err
+        assert "--allow-profile-mismatch" in err
+
+    def test_allowed_takes_the_profiles_names(self, tmp_path: Path) -> None:
+        """With permission (and explicit KV pages) the run and results.json name the profiled setup."""
+        out = tmp_path / "out"
+        profile = str(self._profile(tmp_path))
+        args = ["bench", "prefill", "--quick", "--no-plots", "--quiet", "--output", str(out), "--cost-model", profile]
+        assert main([*args, "--allow-profile-mismatch", "--num-pages", "4096"]) == 0
+        deployment = json.loads((out / "results.json").read_text())["deployment"]
+        assert (deployment["hardware"], deployment["model"], deployment["cost_model"]) == ("cpu", "tiny", "profiled")
