@@ -37,9 +37,10 @@ from phasesched._cli_tune import add_tune
 from phasesched.costmodel.profiled import write_profile_csv
 from phasesched.costmodel.profiling import ProfileGrid, profile_executor
 from phasesched.errors import PhaseschedError
-from phasesched.experiments.context import ExperimentContext, ExperimentResult, jsonable
+from phasesched.experiments.context import ExperimentContext, ExperimentResult, distinct_policies, jsonable
 from phasesched.experiments.mixed_load import MixedLoadResult, Verdict
 from phasesched.experiments.suite import SuiteOptions, run_experiment, suite_names
+from phasesched.parallel import BACKENDS
 from phasesched.report import MissingExtraError, TerminalUI, require_plotting, write_figures, write_results_json
 from phasesched.sim.trace_stats import trace_stats
 from phasesched.sim.traces import load_trace
@@ -143,8 +144,9 @@ def _add_bench(commands: Any) -> None:
         type=_names,
         action="append",
         metavar="NAMES",
-        help="registered policy names, comma-separated (repeatable); the curves, phase split, grid "
-        "and replay run these, mixed load adds them to its comparison",
+        help="registered policy names, comma-separated (repeatable), or 'all'; the curves, phase split, grid "
+        "and replay run these (default: every registered one, or vllm, sarathi, sglang and no-chunk in the costly "
+        "phase split and grid), mixed load adds them to its comparison",
     )
     bench.add_argument(
         "--policy-option",
@@ -172,6 +174,10 @@ def _add_bench(commands: Any) -> None:
         help="write no PNG figures (without matplotlib they are left out anyway, with a warning)",
     )
     bench.add_argument("--quiet", action="store_true", help="no progress bar or tables; only the verdict and paths")
+    bench.add_argument(
+        "--backend", choices=BACKENDS, default="process", help="where independent simulations run (default process)"
+    )
+    bench.add_argument("--workers", type=_positive(int), help="local processes (default: every CPU)")
     bench.set_defaults(handler=_bench, subparser=bench)
 
 
@@ -230,8 +236,17 @@ def _add_profile(commands: Any) -> None:
 def _bench(args: argparse.Namespace) -> int:
     """Run the experiments, show tables, write results.json and figures, end with the verdict."""
     policies = tuple(name for group in args.policy or () for name in group)
+    if "all" in policies:  # every registered policy, less aliases, in place of "all"
+        policies = tuple(dict.fromkeys(n for p in policies for n in (distinct_policies() if p == "all" else (p,))))
     policy_options = key_values(args.policy_option, "--policy-option")
-    context = ExperimentContext(build_deployment(args), policies, args.seed, policy_options=policy_options)
+    context = ExperimentContext(
+        build_deployment(args),
+        policies,
+        args.seed,
+        policy_options=policy_options,
+        backend=args.backend,
+        workers=args.workers,
+    )
     context.check_policies()  # everything that can fail on bad input fails before the first run
     plots = _can_plot(args.no_plots)
     options = _suite_options(args)

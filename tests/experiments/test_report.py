@@ -193,7 +193,7 @@ class TestTerminalUIOnATerminal:
             ui.message("done")
         text = out.getvalue()
         assert "Mixed load" in text
-        assert "disagg-1p1d" in text
+        assert "no-chunk on 1P:1D" in text
         assert "done" in text
 
 

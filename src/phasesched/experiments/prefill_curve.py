@@ -89,7 +89,7 @@ def run_prefill_curve(context: ExperimentContext, config: PrefillCurveConfig | N
     (attention is quadratic) and where the GPU saturates.
 
     Args:
-        context: Deployment, policies (default ``vllm``), seed and progress.
+        context: Deployment, policies (default: every registered one, less aliases), seed and progress.
         config: Sizes; :class:`PrefillCurveConfig` defaults when omitted.
 
     Raises:
@@ -105,7 +105,7 @@ def run_prefill_curve(context: ExperimentContext, config: PrefillCurveConfig | N
         msg = f"prompt lengths {too_long} exceed max_model_len={context.deployment.max_model_len}"
         raise ValueError(msg)
     started = time.perf_counter()
-    policies = context.policy_names(("vllm",))
+    policies = context.policy_names()
     total = len(policies) * len(config.prompt_lens)
     rows: list[Row] = []
     for name in policies:
