@@ -32,11 +32,12 @@ from typing import Any
 import attrs
 
 from phasesched import EXECUTORS, POLICIES, __version__
-from phasesched._cli_options import add_deployment_options, build_deployment, key_values
+from phasesched._cli_options import add_deployment_options, build_deployment, key_values, parse_slo
 from phasesched._cli_tune import add_tune
 from phasesched.costmodel.profiled import write_profile_csv
 from phasesched.costmodel.profiling import ProfileGrid, profile_executor
 from phasesched.errors import PhaseschedError
+from phasesched.experiments.conclusions import conclusion, slo_line
 from phasesched.experiments.context import ExperimentContext, ExperimentResult, distinct_policies, jsonable
 from phasesched.experiments.mixed_load import MixedLoadResult, Verdict
 from phasesched.experiments.suite import SuiteOptions, run_experiment, suite_names
@@ -147,6 +148,13 @@ def _add_bench(commands: Any) -> None:
         help="registered policy names, comma-separated (repeatable), or 'all'; the curves, phase split, grid "
         "and replay run these (default: every registered one, or vllm, sarathi, sglang and no-chunk in the costly "
         "phase split and grid), mixed load adds them to its comparison",
+    )
+    bench.add_argument(
+        "--slo",
+        type=parse_slo,
+        metavar="TARGETS",
+        help="e.g. ttft=500ms,tpot=50ms,itl_p99=100ms: goodput's targets in the phase split and replay, "
+        "and what the verdicts are judged against",
     )
     bench.add_argument(
         "--policy-option",
@@ -261,9 +269,15 @@ def _bench(args: argparse.Namespace) -> int:
         for name in names:
             results.append(run_experiment(name, context, options))
             ui.table(results[-1])
-    figures = write_figures(results, out_dir) if plots else []
+            said = conclusion(results[-1])
+            if said is not None:
+                ui.message(said + "\n")
+    figures = write_figures(results, out_dir, subtitle=context.deployment.describe()) if plots else []
     wall_s = time.perf_counter() - started
-    verdict = next((r.verdict() for r in results if isinstance(r, MixedLoadResult)), None)
+    mixed = next((r for r in results if isinstance(r, MixedLoadResult)), None)
+    verdict = mixed.verdict() if mixed is not None else None
+    if mixed is not None and verdict is not None and args.slo is not None:
+        verdict = attrs.evolve(verdict, text=verdict.text + slo_line(verdict, args.slo, mixed.rows))
     payload = _payload(args, context, results, verdict=verdict, figures=figures, wall_s=wall_s)
     write_results_json(out_dir / "results.json", payload)
     _summary(ui, verdict, figures, out_dir, wall_s)
@@ -285,7 +299,7 @@ def _can_plot(no_plots: bool) -> bool:
 def _suite_options(args: argparse.Namespace) -> SuiteOptions:
     """What the suite needs beyond the context; the trace is read (and checked) before anything runs."""
     trace = load_trace(args.trace, spread_ticks=args.spread_ticks) if args.trace is not None else None
-    return SuiteOptions(quick=args.quick, rate=args.rate, trace=trace, limit=args.limit)
+    return SuiteOptions(quick=args.quick, rate=args.rate, trace=trace, limit=args.limit, slo=args.slo)
 
 
 def _payload(  # noqa: PLR0913 -- the parts of one results file
@@ -312,6 +326,7 @@ def _payload(  # noqa: PLR0913 -- the parts of one results file
             "page_size": context.deployment.page_size,
             "policies": list(context.policies),
             "seed": args.seed,
+            "slo": None if args.slo is None else args.slo.to_dict(),
             "quick": args.quick,
             "rate": args.rate,
             "trace": str(args.trace) if args.trace else None,
@@ -320,6 +335,7 @@ def _payload(  # noqa: PLR0913 -- the parts of one results file
         },
         "experiments": {r.name: {**r.to_dict(), "wall_s": r.wall_s} for r in results},
         "verdict": verdict.to_dict() if verdict is not None else None,
+        "conclusions": {r.name: text for r in results if (text := conclusion(r)) is not None},
         "figures": [p.name for p in figures],
         "wall_s": wall_s,
     }

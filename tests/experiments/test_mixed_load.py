@@ -12,9 +12,11 @@ from hypothesis import strategies as st
 
 from phasesched import POLICIES, PolicyOptions, SchedulingPolicy, load_policy
 from phasesched.experiments import ExperimentContext, MixedLoadConfig, run_mixed_load, verdict
+from phasesched.experiments.conclusions import phase_split_conclusion_rows, slo_line
 from phasesched.experiments.mixed_load import decode_step_s, setups
 from phasesched.metrics import BUDGET_PHASES
 from phasesched.sim import Deployment
+from phasesched.slo import SLO
 
 
 @pytest.fixture(scope="module")
@@ -221,3 +223,27 @@ class TestVerdictEvidence:
         """Every label of the standard set is a registered policy, with options in the label's parentheses."""
         for setup in setups(ExperimentContext(), MixedLoadConfig(), 0.015):
             assert setup.label.split("(")[0].split(" on ")[0] in POLICIES.names()
+
+
+class TestConclusions:
+    def test_slo_line_names_who_meets_it(self):
+        """A winner missing the SLO's ITL target is said to miss it, and the rows that meet it are named."""
+        rows = [dict(r, prefill_vs_baseline=None) for r in TestVerdictEvidence.ROWS]
+        v = verdict(rows)
+        text = slo_line(v, SLO.parse("itl_p99=15ms"), rows)
+        assert "sarathi(chunk=512)'s p99 gap of 19.1 ms misses it" in text
+        assert "Meeting it: sarathi-slo (12.4 ms, 90% prefill, 1 GPUs)" in text
+        assert "meets it" in slo_line(v, SLO.parse("itl_p99=20ms"), rows)
+
+    def test_phase_split_conclusion_shows_itl(self):
+        """The phase split's conclusion names the best goodput per GPU and the lowest p99 ITL, with both ITLs."""
+        rows = (
+            {"label": "2 replicas", "gpus": 2, "goodput_per_gpu": 3.0, "p99_ttft_ms": 300.0, "p99_itl_ms": 129.0},
+            {"label": "3 replicas", "gpus": 2, "goodput_per_gpu": 2.95, "p99_ttft_ms": 300.0, "p99_itl_ms": 100.0},
+            {"label": "1P:1D", "gpus": 2, "goodput_per_gpu": 2.5, "p99_ttft_ms": 420.0, "p99_itl_ms": 8.7},
+        )
+        text = phase_split_conclusion_rows(rows)
+        assert "2 replicas serves the most goodput per GPU" in text
+        assert "p99 ITL 129.0 ms" in text
+        assert "within noise (2%)" in text
+        assert "lowest p99 ITL: 1P:1D, 8.7 ms" in text
