@@ -34,8 +34,10 @@ import attrs
 from phasesched import EXECUTORS, POLICIES, __version__
 from phasesched._cli_options import add_deployment_options, build_deployment, key_values, parse_slo
 from phasesched._cli_tune import add_tune
+from phasesched.costmodel.models import model_by_name
 from phasesched.costmodel.profiled import write_profile_csv
 from phasesched.costmodel.profiling import ProfileGrid, profile_executor
+from phasesched.costmodel.vidur import read_vidur
 from phasesched.errors import PhaseschedError
 from phasesched.experiments.conclusions import conclusion, slo_line
 from phasesched.experiments.context import ExperimentContext, ExperimentResult, distinct_policies, jsonable
@@ -79,6 +81,11 @@ def _usage_problem(args: argparse.Namespace) -> str | None:
     """A usage error argparse cannot express by itself, or ``None``."""
     if args.command == "bench" and args.experiment == "replay" and args.trace is None:
         return "bench replay needs --trace FILE"
+    if args.command == "profile" and args.action == "import-vidur":
+        missing = [f"--{k}" for k in ("mlp", "attention", "model", "hardware") if getattr(args, k) is None]
+        return f"profile import-vidur needs {', '.join(missing)}" if missing else None
+    if args.command == "profile" and args.executor is None:
+        return "profile needs --executor NAME (or the import-vidur action)"
     return None
 
 
@@ -211,7 +218,13 @@ def _add_profile(commands: Any) -> None:
         description="Time a registered executor on a grid of synthetic steps and write the CSV that "
         "`phasesched bench --cost-model FILE.csv` (ProfiledCostModel.from_csv) reads.",
     )
-    profile.add_argument("--executor", required=True, metavar="NAME", help="a registered executor (e.g. torch)")
+    profile.add_argument(
+        "action",
+        nargs="?",
+        choices=("import-vidur",),
+        help="import-vidur: convert Vidur's mlp.csv and attention.csv instead of measuring",
+    )
+    profile.add_argument("--executor", metavar="NAME", help="a registered executor (e.g. torch); required to measure")
     profile.add_argument("--output", required=True, type=Path, metavar="FILE.csv", help="the profile to write")
     profile.add_argument("--model", help="the executor's model (torch: a preset such as tiny)")
     profile.add_argument("--device", help="the executor's device (torch: cpu, cuda, cuda:1)")
@@ -229,6 +242,13 @@ def _add_profile(commands: Any) -> None:
         default="default",
         help="default: a small grid for a CPU model; gpu: one for an 8B-70B model on a GPU",
     )
+    vidur = profile.add_argument_group("import-vidur (Vidur's profiling data, MIT; see phasesched.costmodel.vidur)")
+    vidur.add_argument("--mlp", type=Path, metavar="FILE", help="Vidur's mlp.csv for the device and model")
+    vidur.add_argument("--attention", type=Path, metavar="FILE", help="Vidur's attention.csv for the device and model")
+    vidur.add_argument(
+        "--hardware", help="the device the files were measured on, recorded in the profile (e.g. A100-80GB)"
+    )
+    vidur.add_argument("--tensor-parallel", "--tp", type=_positive(int), default=1, help="the TP degree to import")
     for axis in ("prefill-tokens", "prefill-prefix", "decode-seqs", "decode-context"):
         profile.add_argument(f"--{axis}", type=_ints, metavar="N,N,...", help=f"override the grid's {axis} values")
     profile.add_argument("--page-size", type=_positive(int), default=16, help="tokens per KV page (default 16)")
@@ -389,6 +409,8 @@ def _plain_text(text: str) -> str:
 # ------------------------------------------------------------------------------------ profile
 def _profile(args: argparse.Namespace) -> int:
     """Build the executor, time it on the grid, write the profile CSV with its metadata."""
+    if args.action == "import-vidur":
+        return _import_vidur(args)
     grid = _profile_grid(args)
     num_pages = args.num_pages or grid.max_pages(args.page_size)
     executor, options = _executor(args, num_pages)
@@ -416,6 +438,33 @@ def _profile(args: argparse.Namespace) -> int:
     fastest, slowest = (f(p.step_time_s for p in points) * 1e3 for f in (min, max))
     print(f"wrote {len(points)} points to {args.output} (steps of {fastest:.3f} to {slowest:.3f} ms)")  # noqa: T201
     return 0
+
+
+def _import_vidur(args: argparse.Namespace) -> int:
+    """Convert Vidur's operator profiles into our profile CSV, recording the device and model."""
+    spec = model_by_name(args.model)
+    profile = read_vidur(args.mlp, args.attention, num_layers=spec.num_layers, tp=args.tensor_parallel)
+    overrides = {k: getattr(args, k.replace("-", "_")) for k in ("prefill-prefix", "decode-seqs", "decode-context")}
+    points = profile.points(args.prefill_tokens, **_vidur_axes(overrides))
+    metadata = {
+        "source": "vidur",
+        "hardware": args.hardware,
+        "model": spec.name,
+        "tensor_parallel": str(args.tensor_parallel),
+        "mlp": str(args.mlp),
+        "attention": str(args.attention),
+        "phasesched": __version__,
+        "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+    }
+    write_profile_csv(args.output, points, metadata)
+    fastest, slowest = (f(p.step_time_s for p in points if p.step_time_s > 0) * 1e3 for f in (min, max))
+    print(f"wrote {len(points)} points to {args.output} (steps of {fastest:.3f} to {slowest:.3f} ms)")  # noqa: T201
+    return 0
+
+
+def _vidur_axes(overrides: dict[str, tuple[int, ...] | None]) -> dict[str, tuple[int, ...]]:
+    names = {"prefill-prefix": "prefixes", "decode-seqs": "decodes", "decode-context": "contexts"}
+    return {names[k]: v for k, v in overrides.items() if v}
 
 
 def _grid_axes(grid: ProfileGrid) -> dict[str, tuple[int, ...]]:
