@@ -14,6 +14,7 @@ from typing import Any
 
 import attrs
 
+from phasesched.costmodel.coverage import GridCoverage
 from phasesched.costmodel.hardware import HARDWARE_PRESETS
 from phasesched.costmodel.models import MODEL_PRESETS
 from phasesched.costmodel.profiled import ProfiledCostModel, read_profile_csv
@@ -141,7 +142,7 @@ def build_deployment(args: argparse.Namespace) -> Deployment:
     if args.cost_model is not None:
         _, metadata = read_profile_csv(args.cost_model)
         names = _profile_names(metadata, names, allow=args.allow_profile_mismatch, path=args.cost_model)
-        cost = ProfiledCostModel.from_csv(args.cost_model)
+        cost = GridCoverage(ProfiledCostModel.from_csv(args.cost_model))
         source = f"profiled table {args.cost_model}"
     deployment = Deployment(
         tensor_parallel=args.tensor_parallel,

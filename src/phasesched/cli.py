@@ -34,6 +34,7 @@ import attrs
 from phasesched import EXECUTORS, POLICIES, __version__
 from phasesched._cli_options import add_deployment_options, build_deployment, key_values, parse_slo
 from phasesched._cli_tune import add_tune
+from phasesched.costmodel.coverage import GridCoverage
 from phasesched.costmodel.models import model_by_name
 from phasesched.costmodel.profiled import write_profile_csv
 from phasesched.costmodel.profiling import ProfileGrid, profile_executor
@@ -267,12 +268,14 @@ def _bench(args: argparse.Namespace) -> int:
     if "all" in policies:  # every registered policy, less aliases, in place of "all"
         policies = tuple(dict.fromkeys(n for p in policies for n in (distinct_policies() if p == "all" else (p,))))
     policy_options = key_values(args.policy_option, "--policy-option")
+    deployment = build_deployment(args)
+    coverage = deployment.cost_model if isinstance(deployment.cost_model, GridCoverage) else None
     context = ExperimentContext(
-        build_deployment(args),
+        deployment,
         policies,
         args.seed,
         policy_options=policy_options,
-        backend=args.backend,
+        backend="serial" if coverage is not None else args.backend,  # so out-of-grid predictions are counted here
         workers=args.workers,
     )
     context.check_policies()  # everything that can fail on bad input fails before the first run
@@ -299,6 +302,14 @@ def _bench(args: argparse.Namespace) -> int:
     if mixed is not None and verdict is not None and args.slo is not None:
         verdict = attrs.evolve(verdict, text=verdict.text + slo_line(verdict, args.slo, mixed.rows))
     payload = _payload(args, context, results, verdict=verdict, figures=figures, wall_s=wall_s)
+    if coverage is not None:
+        payload["settings"]["profile_coverage"] = {
+            "predictions": coverage.predictions,
+            "outside_grid": coverage.outside,
+            "warning": coverage.warning(),
+        }
+        if coverage.warning():
+            print(f"phasesched: warning: {coverage.warning()}", file=sys.stderr)  # noqa: T201 -- the CLI's warnings
     write_results_json(out_dir / "results.json", payload)
     _summary(ui, verdict, figures, out_dir, wall_s)
     return 0

@@ -179,3 +179,15 @@ class TestProfileMismatch:
         assert main([*args, "--allow-profile-mismatch", "--num-pages", "4096"]) == 0
         deployment = json.loads((out / "results.json").read_text())["deployment"]
         assert (deployment["hardware"], deployment["model"], deployment["cost_model"]) == ("cpu", "tiny", "profiled")
+
+    def test_out_of_grid_predictions_are_warned(self, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+        """Prefills far beyond the profiled 512 tokens are counted and warned about with the covered range."""
+        out = tmp_path / "out"
+        profile = str(self._profile(tmp_path))
+        args = ["bench", "prefill", "--quick", "--no-plots", "--quiet", "--output", str(out), "--cost-model", profile]
+        assert main([*args, "--allow-profile-mismatch", "--num-pages", "4096", "--policy", "no-chunk"]) == 0
+        err = capsys.readouterr().err
+        assert "fell outside the profiled grid and were extrapolated" in err
+        assert "prefill_tokens up to 4,096 (profiled 0..512)" in err
+        coverage = json.loads((out / "results.json").read_text())["settings"]["profile_coverage"]
+        assert coverage["outside_grid"] > 0
