@@ -66,6 +66,13 @@ def add_tune(commands: Any) -> None:
     )
     search.add_argument("--no-split", action="store_true", help="aggregated replicas only")
     search.add_argument("--no-aggregated", action="store_true", help="P:D splits only")
+    search.add_argument(
+        "--search",
+        choices=("grid", "optuna"),
+        default="grid",
+        help="grid: every candidate; optuna: a TPE study picks --trials of them (the [tune] extra)",
+    )
+    search.add_argument("--trials", type=int, default=32, help="Optuna trials (default 32)")
     search.add_argument("--policy-option", action="append", default=[], metavar="KEY=VALUE", help="for every policy")
     bisect = tune.add_argument_group("capacity search")
     bisect.add_argument("--tolerance", type=float, default=0.05, help="bisection stops within this share (0.05)")
@@ -98,7 +105,7 @@ def _tune(args: argparse.Namespace) -> int:
         disaggregated=not args.no_split,
     )
     capacity = CapacityConfig(start_rate=args.start_rate, tolerance=args.tolerance, max_probes=args.max_probes)
-    run = TuneRun(args.gpus, capacity, args.backend, args.workers, args.address)
+    run = TuneRun(args.gpus, capacity, args.backend, args.workers, args.address, search=args.search, trials=args.trials)
     out_dir = args.output or Path("tune-results") / datetime.now().astimezone().strftime("%Y%m%d-%H%M%S")
     out_dir.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()

@@ -12,16 +12,17 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Literal
 
 import attrs
 
 from phasesched.experiments.context import Column, ExperimentContext, Row, json_object
-from phasesched.parallel import Backend, map_tasks
+from phasesched.parallel import Backend, default_workers, map_tasks
 from phasesched.sim.workload import Workload
 from phasesched.slo import SLO
 from phasesched.tune.capacity import CapacityConfig, Probe, describe_probe, find_capacity
 from phasesched.tune.space import Candidate, SearchSpace
+from phasesched.tune.study import optuna_search
 
 __all__ = ["TuneResult", "TuneRun", "pareto_front", "run_tune"]
 
@@ -37,6 +38,9 @@ class TuneRun:
         workers: Local processes (``None``: every CPU).
         address: Ray cluster address.
         confirm_top: Candidates re-measured on the other seeds.
+        search: ``grid`` measures every candidate; ``optuna`` lets a TPE study pick ``trials`` of them.
+        trials: Optuna trials (candidates asked for; repeats are measured once).
+        seed: The Optuna sampler's seed.
     """
 
     gpus: int = attrs.field(validator=attrs.validators.gt(0))
@@ -45,6 +49,9 @@ class TuneRun:
     workers: int | None = None
     address: str | None = None
     confirm_top: int = attrs.field(default=3, validator=attrs.validators.ge(1))
+    search: Literal["grid", "optuna"] = "grid"
+    trials: int = attrs.field(default=32, validator=attrs.validators.gt(0))
+    seed: int = 0
 
 
 def _capacity_task(
@@ -184,8 +191,21 @@ def run_tune(  # noqa: PLR0913 -- what is searched, on what, against what, and h
     if workers < 1:
         msg = f"{run.gpus} GPUs cannot hold one worker of tensor_parallel={tp}"
         raise ValueError(msg)
-    chosen = list(candidates) if candidates is not None else space.candidates(workers, _takes(context))
-    found, simulations = _measure(context, chosen, workloads[0], slo, run, "tune")
+    takes = _takes(context)
+    if run.search == "optuna" and candidates is None:
+        counted: list[int] = []
+
+        def measure(batch: Sequence[Candidate]) -> list[tuple[Probe | None, bool]]:
+            outcomes, n = _measure(context, batch, workloads[0], slo, run, "tune (optuna)")
+            counted.append(n)
+            return outcomes
+
+        size = run.workers or default_workers()
+        picked = optuna_search(space, workers, takes, measure, trials=run.trials, batch=size, seed=run.seed)
+        chosen, found, simulations = list(picked), list(picked.values()), sum(counted)
+    else:
+        chosen = list(candidates) if candidates is not None else space.candidates(workers, takes)
+        found, simulations = _measure(context, chosen, workloads[0], slo, run, "tune")
     rows = sorted((_row(c, f, tp) for c, f in zip(chosen, found, strict=True)), key=_rank_key)
     for rank, (row, pareto) in enumerate(zip(rows, pareto_front(rows), strict=True), 1):
         row["rank"], row["pareto"] = rank, "yes" if pareto else ""
