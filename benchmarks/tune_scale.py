@@ -12,8 +12,7 @@ import argparse
 import time
 from pathlib import Path
 
-from phasesched import POLICIES
-from phasesched.experiments.context import ExperimentContext
+from phasesched.experiments.context import ExperimentContext, distinct_policies
 from phasesched.sim.traces import load_trace
 from phasesched.slo import SLO
 from phasesched.tune import CapacityConfig, SearchSpace, TuneRun, run_tune
@@ -30,7 +29,7 @@ def main() -> None:
     parser.add_argument("--slo", default="ttft=1s,tpot=50ms")
     args = parser.parse_args()
     workload = load_trace(TRACE).head(args.limit)
-    space = SearchSpace(tuple(POLICIES.names()), chunks=tuple(int(c) for c in args.chunks.split(",")))
+    space = SearchSpace(distinct_policies(), chunks=tuple(int(c) for c in args.chunks.split(",")))
     capacity = CapacityConfig(start_rate=2.0, max_probes=args.max_probes)
     slo = SLO.parse(args.slo)
     outcomes = {}

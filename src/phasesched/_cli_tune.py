@@ -11,7 +11,7 @@ from typing import Any
 
 import attrs
 
-from phasesched import POLICIES, __version__
+from phasesched import __version__
 from phasesched._cli_options import (
     add_deployment_options,
     add_workload_options,
@@ -20,7 +20,7 @@ from phasesched._cli_options import (
     key_values,
     parse_slo,
 )
-from phasesched.experiments.context import ExperimentContext
+from phasesched.experiments.context import ExperimentContext, distinct_policies
 from phasesched.parallel import BACKENDS
 from phasesched.report import MissingExtraError, TerminalUI, write_results_json
 from phasesched.tune import CapacityConfig, SearchSpace, TuneResult, TuneRun, run_tune
@@ -59,7 +59,9 @@ def add_tune(commands: Any) -> None:
         help="e.g. ttft=500ms,tpot=50ms,itl_p99=200ms,attainment=90%% (default ttft=1s,tpot=50ms)",
     )
     search = tune.add_argument_group("search space")
-    search.add_argument("--policy", action="append", metavar="NAMES", help="policies (default: every registered one)")
+    search.add_argument(
+        "--policy", action="append", metavar="NAMES", help="policies (default: every registered one, less aliases)"
+    )
     search.add_argument("--chunks", type=_ints, default=_DEFAULT_CHUNKS, metavar="N,N", help="chunk sizes tried")
     search.add_argument(
         "--token-budgets", type=_ints, metavar="N,N", help="token budgets tried (default: each policy's)"
@@ -94,7 +96,7 @@ def _tune(args: argparse.Namespace) -> int:
     """Check everything, search, show the table and the recommendation, write results."""
     deployment = build_deployment(args)
     policies = tuple(n.strip() for group in args.policy or [] for n in group.split(",") if n.strip())
-    context = ExperimentContext(deployment, policies or tuple(POLICIES.names()), policy_options=_options(args))
+    context = ExperimentContext(deployment, policies or distinct_policies(), policy_options=_options(args))
     context.check_policies()
     workloads = build_workloads(args)
     space = SearchSpace(
