@@ -38,6 +38,7 @@ from phasesched.report import (
     write_figures,
     write_results_json,
 )
+from phasesched.report import _plots as plots_module
 from phasesched.sim import fixed
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
@@ -126,6 +127,18 @@ class TestResultsJson:
 
 
 class TestFigures:
+    def test_subtitle_names_what_was_simulated(self, results, tmp_path, monkeypatch):
+        """The subtitle given to write_figures is drawn on every figure (as the figure's suptitle)."""
+        pytest.importorskip("matplotlib")
+        seen = []
+        original = plots_module._save
+        monkeypatch.setattr(
+            plots_module, "_save", lambda figure, path, subtitle="": seen.append(subtitle) or original(figure, path, subtitle)
+        )
+        write_figures(results, tmp_path, subtitle="H200 x 1 (TP1) serving llama-3-8b; cost model: roofline")
+        assert seen
+        assert set(seen) == {"H200 x 1 (TP1) serving llama-3-8b; cost model: roofline"}
+
     def test_every_figure_is_a_png(self, results, tmp_path):
         """write_figures draws each supported figure as a real PNG of a sensible size."""
         pytest.importorskip("matplotlib")
@@ -136,6 +149,7 @@ class TestFigures:
             "mixed_load_gap_cdf.png",
             "mixed_load_budget.png",
             "phase_split_budget.png",
+            "phase_split_latency.png",
             "replay_cdf.png",
         ]
         for path in paths:

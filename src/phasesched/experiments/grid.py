@@ -8,6 +8,7 @@ from typing import Any
 
 import attrs
 
+from phasesched.experiments.bench_keys import vllm_bench_values
 from phasesched.experiments.context import REPRESENTATIVE_POLICIES, Column, ExperimentContext, Row, json_object
 from phasesched.sim.closed_loop import GridPoint, grid_points
 from phasesched.sim.simulator import simulate
@@ -126,19 +127,7 @@ def _cell(context: ExperimentContext, name: str, point: GridPoint, config: GridC
         "output_len": point.output_len,
         "concurrency": point.concurrency,
         "requests": metrics["completed"],
-        "duration": metrics["duration"],
-        "mean_ttft_ms": metrics["mean_ttft_ms"],
-        "median_ttft_ms": metrics["median_ttft_ms"],
-        "p99_ttft_ms": metrics["p99_ttft_ms"],
-        "mean_tpot_ms": metrics["mean_tpot_ms"],
-        "median_tpot_ms": metrics["median_tpot_ms"],
-        "p99_tpot_ms": metrics["p99_tpot_ms"],
-        "median_itl_ms": metrics["median_itl_ms"],
-        "p99_itl_ms": metrics["p99_itl_ms"],
-        "mean_e2el_ms": metrics["mean_e2el_ms"],
         "input_tok_s": metrics["input_throughput"],
         "output_tok_s": metrics["output_throughput"],
-        "request_throughput": metrics["request_throughput"],
-        "output_throughput": metrics["output_throughput"],
-        "total_token_throughput": metrics["total_token_throughput"],
+        **vllm_bench_values(metrics, with_slo=False),
     }

@@ -7,6 +7,7 @@ from typing import Any
 
 import attrs
 
+from phasesched.experiments.bench_keys import vllm_bench_values
 from phasesched.experiments.context import REPRESENTATIVE_POLICIES, Column, ExperimentContext, Row, json_object
 from phasesched.metrics.summary import RunMetrics
 from phasesched.sim.arrivals import Poisson
@@ -153,6 +154,7 @@ def _row(policy: str, layout: _Layout, gpus: int, metrics: RunMetrics) -> Row:
         "output_tok_s_per_gpu": metrics["output_throughput"] / gpus,
         "total_tok_s_per_gpu": metrics["total_token_throughput"] / gpus,
         "goodput_per_gpu": metrics["request_goodput"] / gpus,
+        **vllm_bench_values(metrics, with_slo=True),
     }
 
 

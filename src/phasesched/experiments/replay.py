@@ -8,6 +8,7 @@ from typing import Any
 import attrs
 import numpy as np
 
+from phasesched.experiments.bench_keys import vllm_bench_values
 from phasesched.experiments.context import CDF_QUANTILES, Column, ExperimentContext, Row, json_object
 from phasesched.sim.simulator import simulate
 from phasesched.sim.workload import Workload
@@ -171,9 +172,9 @@ def run_replay(context: ExperimentContext, config: ReplayConfig) -> ReplayResult
                 "mean_e2el_ms": metrics["mean_e2el_ms"],
                 "input_tok_s": metrics["input_throughput"],
                 "output_tok_s": metrics["output_throughput"],
-                "request_goodput": metrics["request_goodput"],
                 "preemptions": metrics["num_preemptions"],
                 "sim_wall_s": result.wall_s,
+                **vllm_bench_values(metrics, with_slo=config.ttft_slo_s is not None or config.tpot_slo_s is not None),
             }
         )
         cdfs[name] = {
