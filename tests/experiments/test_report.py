@@ -132,9 +132,12 @@ class TestFigures:
         pytest.importorskip("matplotlib")
         seen = []
         original = plots_module._save
-        monkeypatch.setattr(
-            plots_module, "_save", lambda figure, path, subtitle="": seen.append(subtitle) or original(figure, path, subtitle)
-        )
+
+        def spy(figure, path, subtitle=""):
+            seen.append(subtitle)
+            return original(figure, path, subtitle)
+
+        monkeypatch.setattr(plots_module, "_save", spy)
         write_figures(results, tmp_path, subtitle="H200 x 1 (TP1) serving llama-3-8b; cost model: roofline")
         assert seen
         assert set(seen) == {"H200 x 1 (TP1) serving llama-3-8b; cost model: roofline"}
