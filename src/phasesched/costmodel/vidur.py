@@ -38,7 +38,7 @@ from numpy.typing import NDArray
 
 from phasesched.costmodel.profiled import ProfileFormatError, ProfilePoint
 
-__all__ = ["LAYER_OPS", "VidurProfile", "read_vidur"]
+__all__ = ["LAYER_OPS", "AttentionTable", "VidurProfile", "read_vidur"]
 
 LAYER_OPS = (
     "input_layernorm",
@@ -89,15 +89,24 @@ def _truthy(value: str) -> bool:
 
 
 @attrs.frozen(eq=False)
-class _Surface:
-    """Times on scattered (outer, inner) points: linear along the inner axis per outer value, then across."""
+class AttentionTable:
+    """Attention times on Vidur's scattered (chunk or batch, context) points, interpolated.
+
+    Linear along the context for each measured chunk (or batch) size, then across sizes.
+
+    Attributes:
+        outer: The chunk (or batch) sizes measured, ascending.
+        inner: Per size, the contexts measured, ascending.
+        times: Per size, the times at those contexts (ms per layer).
+    """
 
     outer: Float64Array
     inner: tuple[Float64Array, ...]
     times: tuple[Float64Array, ...]
 
     @classmethod
-    def build(cls, outer: Float64Array, inner: Float64Array, times: Float64Array) -> _Surface:
+    def build(cls, outer: Float64Array, inner: Float64Array, times: Float64Array) -> AttentionTable:
+        """From parallel columns of measured points (rows without a time are dropped)."""
         keep = np.isfinite(times)
         outer, inner, times = outer[keep], inner[keep], times[keep]
         values = np.unique(outer)
@@ -110,6 +119,7 @@ class _Surface:
         return cls(values, tuple(inners), tuple(outs))
 
     def __call__(self, outer: float, inner: float) -> float:
+        """The time (ms per layer) at chunk or batch ``outer`` and context ``inner``."""
         at = [float(np.interp(inner, x, y)) for x, y in zip(self.inner, self.times, strict=True)]
         return float(np.interp(outer, self.outer, at))
 
@@ -123,14 +133,16 @@ class VidurProfile:
         tokens: Token counts the MLP profile measured, ascending.
         linear_ms: Per-layer token-wise time at each of ``tokens`` (ms), ``add`` counted twice.
         embedding_ms: The embedding's time at each of ``tokens`` (ms).
+        prefill: Prefill attention by (chunk, cached prefix).
+        decode: Decode attention by (batch, mean context).
     """
 
     num_layers: int
     tokens: Float64Array
     linear_ms: Float64Array
     embedding_ms: Float64Array
-    _prefill: _Surface
-    _decode: _Surface
+    prefill: AttentionTable
+    decode: AttentionTable
 
     def step_time_s(self, prefill_tokens: float, prefix: float, decodes: float, context: float) -> float:
         """Seconds for a step of the four profile features."""
@@ -139,9 +151,9 @@ class VidurProfile:
         total = prefill_tokens + decodes
         layer = float(np.interp(total, self.tokens, self.linear_ms))
         if prefill_tokens:
-            layer += self._prefill(prefill_tokens, prefix)
+            layer += self.prefill(prefill_tokens, prefix)
         if decodes:
-            layer += self._decode(decodes, context)
+            layer += self.decode(decodes, context)
         return (float(np.interp(total, self.tokens, self.embedding_ms)) + self.num_layers * layer) / 1e3
 
     def points(
@@ -186,12 +198,12 @@ def read_vidur(
         tokens,
         np.asarray(linear, dtype=np.float64)[order],
         embedding[order],
-        _Surface.build(
+        AttentionTable.build(
             _column(prefill, "prefill_chunk_size", attention_csv),
             _column(prefill, "kv_cache_size", attention_csv),
             _column(prefill, _median("attn_prefill"), attention_csv),
         ),
-        _Surface.build(
+        AttentionTable.build(
             _column(decode, "batch_size", attention_csv),
             _column(decode, "kv_cache_size", attention_csv),
             _column(decode, _median("attn_decode"), attention_csv),

@@ -104,8 +104,8 @@ def _names(value: Iterable[str]) -> tuple[str, ...]:
 
 
 REPRESENTATIVE_POLICIES = ("vllm", "sarathi", "sglang", "no-chunk")
-"""The default of the costly experiments (phase split, grid): one preset per distinct prefill/decode rule
-(decode-first with a shared budget, stall-free fixed chunks, prefill-first, no chunking)."""
+"""The default policies of the costly experiments (phase split and grid), one per distinct prefill/decode
+rule (decode-first with a shared budget, stall-free fixed chunks, prefill-first, no chunking)."""
 
 
 def distinct_policies() -> tuple[str, ...]:
@@ -165,7 +165,7 @@ class ExperimentContext:
         return self.policies or (default if default is not None else distinct_policies())
 
     def map(self, task: str, function: Any, arguments: Sequence[tuple[Any, ...]]) -> list[Any]:
-        """``[function(*a) for a in arguments]`` on :attr:`backend`, reporting progress as ``task``.
+        """``[function(*a) for a in arguments]`` on the context's ``backend``, reporting progress as ``task``.
 
         ``function`` must be a module-level function; pass it :meth:`detached` rather than
         this context, since the progress hook stays in this process.

@@ -319,7 +319,7 @@ class Verdict:
         text: The verdict in words.
         runner_up: The next eligible configuration by p99 gap, if any.
         near_misses: Configurations on as many GPUs with a lower p99 gap than the winner's whose
-            prefill throughput is under the floor by less than :data:`NEAR_MISS`.
+            prefill throughput is under the floor by less than ``NEAR_MISS``.
     """
 
     winner: Row
