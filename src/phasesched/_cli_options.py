@@ -126,6 +126,9 @@ def add_deployment_options(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--num-pages", type=int, help="KV pages per worker, instead of what memory gives")
     group.add_argument("--page-size", type=int, default=16, help="tokens per KV page (default 16)")
     group.add_argument(
+        "--watermark", type=float, default=0.0, help="share of KV pages admissions leave free (vLLM's; default 0)"
+    )
+    group.add_argument(
         "--cost-model", type=Path, metavar="FILE.csv", help="price steps with a profiled table instead of the roofline"
     )
     group.add_argument(
@@ -151,6 +154,7 @@ def build_deployment(args: argparse.Namespace) -> Deployment:
         cost_model=cost,
         num_pages=args.num_pages,
         cost_model_source=source,
+        watermark=args.watermark,
         **names,
     )
     deployment.kv_pages()

@@ -158,6 +158,15 @@ class TestCommand:
         assert {r["layout"] for r in rows} == {"2 replicas", "1P:1D"}
         assert {r["policy_label"] for r in rows} == {"vllm(chunk=512)", "orca"}
 
+    def test_deployment_options_reach_results(self, tmp_path: Path) -> None:
+        """Memory and KV options of bench land in the deployment block; KV capacity follows the utilization."""
+        out = tmp_path / "out"
+        args = ["bench", "prefill", "--quick", "--no-plots", "--quiet", "--policy", "vllm", "--output", str(out)]
+        assert main([*args, "--gpu-memory-utilization", "0.5", "--watermark", "0.1", "--tp", "2"]) == 0
+        deployment = json.loads((out / "results.json").read_text())["deployment"]
+        assert (deployment["tensor_parallel"], deployment["watermark"]) == (2, 0.1)
+        assert deployment["kv_tokens"] < 868_416  # half the memory of one GPU, even split two ways
+
     def test_bad_slo_is_a_usage_error(self, capsys: pytest.CaptureFixture[str]) -> None:
         """An unknown SLO key exits 2 with argparse's message."""
         assert main(["tune", "--gpus", "2", "--slo", "latency=1s"]) == 2

@@ -34,6 +34,7 @@ class Deployment:
             :func:`~phasesched.costmodel.memory.serving_defaults`).
         max_num_seqs: The sequence cap vLLM profiles its sampler's reserve with (likewise).
         cost_model_source: Where ``cost_model`` comes from, in words (reports name it).
+        watermark: Fraction of KV pages admissions leave free for running requests (vLLM's watermark).
 
     >>> deployment = Deployment()
     >>> deployment.kv_tokens()       # H200 + Llama-3-8B at 0.9: vLLM's "GPU KV cache size"
@@ -53,6 +54,7 @@ class Deployment:
     max_num_batched_tokens: int | None = attrs.field(default=None, validator=attrs.validators.optional(_positive))
     max_num_seqs: int | None = attrs.field(default=None, validator=attrs.validators.optional(_positive))
     cost_model_source: str = ""
+    watermark: float = attrs.field(default=0.0, validator=[attrs.validators.ge(0.0), attrs.validators.lt(1.0)])
 
     def roofline(self) -> RooflineCostModel:
         """The roofline model for this hardware, model and parallelism."""
@@ -111,6 +113,7 @@ class Deployment:
             "tensor_parallel": self.tensor_parallel,
             "gpu_memory_utilization": self.gpu_memory_utilization,
             "page_size": self.page_size,
+            "watermark": self.watermark,
             "kv_pages": self.kv_pages(),
             "kv_tokens": self.kv_tokens(),
             "kv_cache_gib": None if memory is None else memory.kv_cache_bytes / 2**30,
@@ -124,7 +127,12 @@ class Deployment:
 
     def scheduler_config(self) -> SchedulerConfig:
         """The scheduler configuration of one worker."""
-        return SchedulerConfig(num_pages=self.kv_pages(), page_size=self.page_size, max_model_len=self.max_model_len)
+        return SchedulerConfig(
+            num_pages=self.kv_pages(),
+            page_size=self.page_size,
+            max_model_len=self.max_model_len,
+            watermark=self.watermark,
+        )
 
 
 @attrs.frozen
