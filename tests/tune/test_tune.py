@@ -15,6 +15,7 @@ from phasesched.experiments.context import ExperimentContext
 from phasesched.parallel import map_tasks
 from phasesched.sim.arrivals import Poisson
 from phasesched.sim.builders import synthetic
+from phasesched.sim.deployment import Deployment
 from phasesched.sim.lengths import Uniform
 from phasesched.slo import SLO
 from phasesched.tune import Candidate, CapacityConfig, Layout, SearchSpace, TuneRun, find_capacity, layouts, run_tune
@@ -165,7 +166,8 @@ class TestCommand:
         assert main([*args, "--gpu-memory-utilization", "0.5", "--watermark", "0.1", "--tp", "2"]) == 0
         deployment = json.loads((out / "results.json").read_text())["deployment"]
         assert (deployment["tensor_parallel"], deployment["watermark"]) == (2, 0.1)
-        assert deployment["kv_tokens"] < 868_416  # half the memory of one GPU, even split two ways
+        expected = Deployment(tensor_parallel=2, gpu_memory_utilization=0.5).kv_tokens()
+        assert deployment["kv_tokens"] == expected < Deployment(tensor_parallel=2).kv_tokens()
 
     def test_bad_slo_is_a_usage_error(self, capsys: pytest.CaptureFixture[str]) -> None:
         """An unknown SLO key exits 2 with argparse's message."""
