@@ -50,10 +50,10 @@ class TestHelp:
         """`phasesched --help` exits 0 and lists the subcommands."""
         done = command("--help", timeout=60)
         assert done.returncode == 0, done.stderr
-        for sub in ("bench", "trace", "profile", "policies"):
+        for sub in ("bench", "tune", "trace", "profile", "policies"):
             assert sub in done.stdout
 
-    @pytest.mark.parametrize("sub", [["bench"], ["trace", "stats"], ["profile"], ["policies"]])
+    @pytest.mark.parametrize("sub", [["bench"], ["tune"], ["trace", "stats"], ["profile"], ["policies"]])
     def test_help_of_each_subcommand(self, sub, capsys):
         """Every subcommand's --help exits 0."""
         assert main([*sub, "--help"]) == 0
