@@ -114,6 +114,13 @@ class TestParallel:
         assert serial.rows == pooled.rows
         assert serial.recommendation == pooled.recommendation
 
+    def test_short_workload_is_called_a_burst(self) -> None:
+        """When the workload spans under a minute at the recommended rate, the recommendation says so."""
+        space = SearchSpace(("vllm",), chunks=(512,), disaggregated=False)
+        config = CapacityConfig(start_rate=4.0, tolerance=0.2, max_probes=5)
+        result = run_tune(ExperimentContext(), [WORKLOAD], SLO_, space, TuneRun(1, config, backend="serial"))
+        assert "a burst more than a steady load" in result.recommendation
+
     def test_map_tasks_keeps_order(self) -> None:
         """Results come back in input order from the pool."""
         assert map_tasks(divmod, [(7, 2), (9, 4), (1, 1)], backend="process", workers=2) == [(3, 1), (2, 1), (1, 0)]

@@ -24,7 +24,10 @@ from phasesched.tune.capacity import CapacityConfig, Probe, describe_probe, find
 from phasesched.tune.space import Candidate, SearchSpace
 from phasesched.tune.study import optuna_search
 
-__all__ = ["TuneResult", "TuneRun", "pareto_front", "run_tune"]
+__all__ = ["STEADY_S", "TuneResult", "TuneRun", "pareto_front", "run_tune"]
+
+STEADY_S = 60.0
+"""A workload replayed at the recommended capacity should span at least this long to measure a steady state."""
 
 
 @attrs.frozen
@@ -193,23 +196,11 @@ def run_tune(  # noqa: PLR0913 -- what is searched, on what, against what, and h
         raise ValueError(msg)
     takes = _takes(context)
     if run.search == "optuna" and candidates is None:
-        counted: list[int] = []
-
-        def measure(batch: Sequence[Candidate]) -> list[tuple[Probe | None, bool]]:
-            outcomes, n = _measure(context, batch, workloads[0], slo, run, "tune (optuna)")
-            counted.append(n)
-            return outcomes
-
-        size = run.workers or default_workers()
-        picked = optuna_search(space, workers, takes, measure, trials=run.trials, batch=size, seed=run.seed)
-        chosen, found, simulations = list(picked), list(picked.values()), sum(counted)
+        chosen, found, simulations = _optuna(context, workloads[0], slo, space, run, takes)
     else:
         chosen = list(candidates) if candidates is not None else space.candidates(workers, takes)
         found, simulations = _measure(context, chosen, workloads[0], slo, run, "tune")
-    rows = sorted((_row(c, f, tp) for c, f in zip(chosen, found, strict=True)), key=_rank_key)
-    for rank, (row, pareto) in enumerate(zip(rows, pareto_front(rows), strict=True), 1):
-        row["rank"], row["pareto"] = rank, "yes" if pareto else ""
-        row["bound"] = "" if row["capacity_found"] else ">="
+    rows = _ranked([_row(c, f, tp) for c, f in zip(chosen, found, strict=True)])
     seeds = {row["label"]: [row["capacity_rps"]] for row in rows[: run.confirm_top]}
     if len(workloads) > 1 and rows:
         top = [c for row in rows[: run.confirm_top] for c in chosen if c.label == row["label"]]
@@ -218,13 +209,58 @@ def run_tune(  # noqa: PLR0913 -- what is searched, on what, against what, and h
             simulations += more
             for candidate, (probe, _) in zip(top, again, strict=True):
                 seeds[candidate.label].append(probe.rate if probe is not None else 0.0)
-    text = recommend(rows, seeds, slo, run)
+    text = recommend(rows, seeds, slo, run) + _cautions(rows, len(workloads[0]))
+    return TuneResult(slo, run.gpus, tuple(rows), seeds, text, simulations, time.perf_counter() - started)
+
+
+def _optuna(  # noqa: PLR0913, PLR0917 -- run_tune's inputs, for the study's branch
+    context: ExperimentContext,
+    workload: Workload,
+    slo: SLO,
+    space: SearchSpace,
+    run: TuneRun,
+    takes: Any,
+) -> tuple[list[Candidate], list[tuple[Probe | None, bool]], int]:
+    """The candidates an Optuna study picked, their outcomes and the simulations run."""
+    counted: list[int] = []
+
+    def measure(batch: Sequence[Candidate]) -> list[tuple[Probe | None, bool]]:
+        outcomes, n = _measure(context, batch, workload, slo, run, "tune (optuna)")
+        counted.append(n)
+        return outcomes
+
+    workers = run.gpus // context.deployment.tensor_parallel
+    size = run.workers or default_workers()
+    picked = optuna_search(space, workers, takes, measure, trials=run.trials, batch=size, seed=run.seed)
+    return list(picked), list(picked.values()), sum(counted)
+
+
+def _ranked(rows: list[Row]) -> list[Row]:
+    """Rows best first, with rank, Pareto flag and the lower-bound mark."""
+    rows = sorted(rows, key=_rank_key)
+    for rank, (row, pareto) in enumerate(zip(rows, pareto_front(rows), strict=True), 1):
+        row["rank"], row["pareto"] = rank, "yes" if pareto else ""
+        row["bound"] = "" if row["capacity_found"] else ">="
+    return rows
+
+
+def _cautions(rows: Sequence[Row], requests: int) -> str:
+    """What limits the evidence: a burst instead of a steady load, or capacities that are lower bounds."""
+    text = ""
+    if rows and rows[0]["capacity_rps"] > 0:
+        span_s = (requests - 1) / rows[0]["capacity_rps"]
+        if span_s < STEADY_S:
+            text += (
+                f"\n  Caution: at {rows[0]['capacity_rps']:.1f} req/s the {requests} requests arrive within "
+                f"{span_s:.1f} s, a burst more than a steady load (under {STEADY_S:.0f} s); serve more requests "
+                "(--limit) for a steady-state capacity."
+            )
     if any(not row["capacity_found"] for row in rows[:2]):
         text += (
             "\n  Caution: the top configurations met the SLO at every rate tried, so their capacity is a lower bound "
             "(raise --max-probes, or serve more requests with --limit so that overload shows)."
         )
-    return TuneResult(slo, run.gpus, tuple(rows), seeds, text, simulations, time.perf_counter() - started)
+    return text
 
 
 def _rank_key(row: Row) -> tuple[float, float, str]:
