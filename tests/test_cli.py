@@ -135,7 +135,7 @@ class TestBench:
         assert data["settings"]["cost_model"] == "roofline"
         assert data["command"] == ["phasesched", "bench", "--quick", "--output", str(tmp_path), "--seed", "3"]
         assert set(data["figures"]) == {p.name for p in tmp_path.glob("*.png")}
-        assert len(data["figures"]) == 5
+        assert len(data["figures"]) == 6  # the phase split draws its TTFT budget and its TTFT-beside-ITL figure
         assert_pngs(tmp_path, data["figures"])
         for experiment in data["experiments"].values():
             assert experiment["rows"]
