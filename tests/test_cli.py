@@ -52,10 +52,10 @@ class TestHelp:
         """`phasesched --help` exits 0 and lists the subcommands."""
         done = command("--help", timeout=60)
         assert done.returncode == 0, done.stderr
-        for sub in ("bench", "trace", "profile", "policies"):
+        for sub in ("bench", "tune", "trace", "profile", "policies"):
             assert sub in done.stdout
 
-    @pytest.mark.parametrize("sub", [["bench"], ["trace", "stats"], ["profile"], ["policies"]])
+    @pytest.mark.parametrize("sub", [["bench"], ["tune"], ["trace", "stats"], ["profile"], ["policies"]])
     def test_help_of_each_subcommand(self, sub: list[str], capsys: pytest.CaptureFixture[str]) -> None:
         """Every subcommand's --help exits 0."""
         assert main([*sub, "--help"]) == 0
@@ -137,7 +137,7 @@ class TestBench:
         assert data["settings"]["cost_model"] == "roofline"
         assert data["command"] == ["phasesched", "bench", "--quick", "--output", str(tmp_path), "--seed", "3"]
         assert set(data["figures"]) == {p.name for p in tmp_path.glob("*.png")}
-        assert len(data["figures"]) == 5
+        assert len(data["figures"]) == 6  # the phase split draws its TTFT budget and its TTFT-beside-ITL figure
         assert_pngs(tmp_path, data["figures"])
         for experiment in data["experiments"].values():
             assert experiment["rows"]

@@ -9,6 +9,7 @@ import struct
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -41,6 +42,7 @@ from phasesched.report import (
     write_figures,
     write_results_json,
 )
+from phasesched.report import _plots as plots_module
 from phasesched.sim import Deployment, Workload, fixed
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
@@ -129,6 +131,23 @@ class TestResultsJson:
 
 
 class TestFigures:
+    def test_subtitle_names_what_was_simulated(
+        self, results: list[ExperimentResult], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """The subtitle given to write_figures is drawn on every figure (as the figure's suptitle)."""
+        pytest.importorskip("matplotlib")
+        seen = []
+        original = plots_module._save
+
+        def spy(figure: Any, path: Path, subtitle: str = "") -> Any:
+            seen.append(subtitle)
+            return original(figure, path, subtitle)
+
+        monkeypatch.setattr(plots_module, "_save", spy)
+        write_figures(results, tmp_path, subtitle="H200 x 1 (TP1) serving llama-3-8b; cost model: roofline")
+        assert seen
+        assert set(seen) == {"H200 x 1 (TP1) serving llama-3-8b; cost model: roofline"}
+
     def test_every_figure_is_a_png(self, results: list[ExperimentResult], tmp_path: Path) -> None:
         """write_figures draws each supported figure as a real PNG of a sensible size."""
         pytest.importorskip("matplotlib")
@@ -139,6 +158,7 @@ class TestFigures:
             "mixed_load_gap_cdf.png",
             "mixed_load_budget.png",
             "phase_split_budget.png",
+            "phase_split_latency.png",
             "replay_cdf.png",
         ]
         for path in paths:
@@ -227,7 +247,7 @@ class TestTerminalUIOnATerminal:
             ui.message("done")
         text = out.getvalue()
         assert "Mixed load" in text
-        assert "disagg-1p1d" in text
+        assert "no-chunk on 1P:1D" in text
         assert "done" in text
 
 

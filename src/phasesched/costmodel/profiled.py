@@ -33,10 +33,10 @@ import attrs
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
-from phasesched._validators import to_float, typed
 from phasesched.costmodel._batch import check_batch, check_decodes
 from phasesched.costmodel._grid import GridInterpolator
 from phasesched.errors import InvalidArgumentError, PhaseschedError
+from phasesched.validators import to_float, typed
 
 __all__ = [
     "FEATURES",

@@ -9,11 +9,11 @@ from typing import Any
 import attrs
 import numpy as np
 
-from phasesched._validators import typed
 from phasesched.experiments.context import Column, ExperimentContext, Row, json_object, output_losses
 from phasesched.metrics.recorder import GapLog, RequestRecord
 from phasesched.sim.builders import fixed
 from phasesched.sim.simulator import simulate
+from phasesched.validators import typed
 
 __all__ = ["DecodeCurveConfig", "DecodeCurveResult", "run_decode_curve"]
 

@@ -8,11 +8,11 @@ from typing import Any
 
 import attrs
 
-from phasesched._validators import typed
 from phasesched.errors import InvalidArgumentError
 from phasesched.experiments.context import Column, ExperimentContext, Row, json_object, ms
 from phasesched.sim.builders import fixed
 from phasesched.sim.simulator import simulate
+from phasesched.validators import typed
 
 __all__ = ["PrefillCurveConfig", "PrefillCurveResult", "run_prefill_curve"]
 
@@ -91,7 +91,7 @@ def run_prefill_curve(context: ExperimentContext, config: PrefillCurveConfig | N
     (attention is quadratic) and where the GPU saturates.
 
     Args:
-        context: Deployment, policies (default ``vllm``), seed and progress.
+        context: Deployment, policies (default: every registered one, less aliases), seed and progress.
         config: Sizes; :class:`PrefillCurveConfig` defaults when omitted.
 
     Raises:
@@ -107,7 +107,7 @@ def run_prefill_curve(context: ExperimentContext, config: PrefillCurveConfig | N
         msg = f"prompt lengths {too_long} exceed max_model_len={context.deployment.max_model_len}"
         raise InvalidArgumentError(msg)
     started = time.perf_counter()
-    policies = context.policy_names(("vllm",))
+    policies = context.policy_names()
     total = len(policies) * len(config.prompt_lens)
     rows: list[Row] = []
     for name in policies:

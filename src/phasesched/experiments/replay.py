@@ -8,11 +8,19 @@ from typing import Any
 import attrs
 import numpy as np
 
-from phasesched._validators import typed
 from phasesched.errors import InvalidArgumentError
-from phasesched.experiments.context import CDF_QUANTILES, Column, ExperimentContext, Row, json_object, output_losses
+from phasesched.experiments.bench_keys import vllm_bench_values
+from phasesched.experiments.context import (
+    CDF_QUANTILES,
+    Column,
+    ExperimentContext,
+    Row,
+    json_object,
+    output_losses,
+)
 from phasesched.sim.simulator import simulate
 from phasesched.sim.workload import Workload
+from phasesched.validators import typed
 
 __all__ = ["DEFAULT_POLICIES", "ReplayConfig", "ReplayResult", "clipped_prompt_tokens", "prepare_trace", "run_replay"]
 
@@ -185,10 +193,10 @@ def run_replay(context: ExperimentContext, config: ReplayConfig) -> ReplayResult
                 "mean_e2el_ms": metrics["mean_e2el_ms"],
                 "input_tok_s": metrics["input_throughput"],
                 "output_tok_s": metrics["output_throughput"],
-                "request_goodput": metrics["request_goodput"],
                 "preemptions": metrics["num_preemptions"],
                 **output_losses(metrics),
                 "sim_wall_s": result.wall_s,
+                **vllm_bench_values(metrics, with_slo=config.ttft_slo_s is not None or config.tpot_slo_s is not None),
             }
         )
         cdfs[name] = {

@@ -31,6 +31,7 @@ from phasesched.experiments.phase_split import PhaseSplitConfig, run_phase_split
 from phasesched.experiments.prefill_curve import PrefillCurveConfig, run_prefill_curve
 from phasesched.experiments.replay import ReplayConfig, run_replay
 from phasesched.sim.workload import Workload
+from phasesched.slo import SLO
 
 __all__ = ["EXPERIMENTS", "QUICK_REPLAY_LIMIT", "SUITE", "SuiteOptions", "run_experiment", "suite_names"]
 
@@ -54,12 +55,14 @@ class SuiteOptions:
         rate: Arrival rate (req/s) for the phase split's Poisson workload and for a replay.
         trace: The workload a replay serves.
         limit: Replay only the first ``limit`` requests of the trace.
+        slo: Goodput's targets in the phase split and the replay (``--slo``), instead of their defaults.
     """
 
     quick: bool = False
     rate: float | None = None
     trace: Workload | None = None
     limit: int | None = None
+    slo: SLO | None = None
 
 
 def suite_names(experiment: str | None, options: SuiteOptions) -> tuple[str, ...]:
@@ -95,6 +98,8 @@ def _phase_split(context: ExperimentContext, options: SuiteOptions) -> Experimen
     config = PhaseSplitConfig.quick() if options.quick else PhaseSplitConfig()
     if options.rate is not None:
         config = attrs.evolve(config, rate=options.rate)
+    if options.slo is not None:  # the per-request targets; run-level ones are judged on the rows
+        config = attrs.evolve(config, ttft_slo_s=options.slo.ttft_s or 3600.0, tpot_slo_s=options.slo.tpot_s or 3600.0)
     return run_phase_split(context, config)
 
 
@@ -107,7 +112,9 @@ def _replay(context: ExperimentContext, options: SuiteOptions) -> ExperimentResu
         msg = "the replay experiment needs a trace"
         raise InvalidArgumentError(msg)
     limit = options.limit if options.limit is not None or not options.quick else QUICK_REPLAY_LIMIT
-    return run_replay(context, ReplayConfig(options.trace, rate=options.rate, limit=limit))
+    slo = options.slo
+    targets = {} if slo is None else {"ttft_slo_s": slo.ttft_s, "tpot_slo_s": slo.tpot_s}
+    return run_replay(context, ReplayConfig(options.trace, rate=options.rate, limit=limit, **targets))
 
 
 _RUNNERS: dict[str, Callable[[ExperimentContext, SuiteOptions], ExperimentResult]] = {

@@ -12,6 +12,7 @@ from phasesched.report._errors import MissingExtraError as MissingExtraError
 from phasesched.report._plots import plot_decode_curve as plot_decode_curve
 from phasesched.report._plots import plot_gap_cdf as plot_gap_cdf
 from phasesched.report._plots import plot_latency_budgets as plot_latency_budgets
+from phasesched.report._plots import plot_phase_split as plot_phase_split
 from phasesched.report._plots import plot_prefill_curve as plot_prefill_curve
 from phasesched.report._plots import plot_replay_cdfs as plot_replay_cdfs
 from phasesched.report._plots import require_plotting as require_plotting
@@ -32,6 +33,7 @@ __all__ = [
     "plot_decode_curve",
     "plot_gap_cdf",
     "plot_latency_budgets",
+    "plot_phase_split",
     "plot_prefill_curve",
     "plot_replay_cdfs",
     "print_table",

@@ -15,8 +15,8 @@ import attrs
 import numpy as np
 from numpy.typing import NDArray
 
-from phasesched._validators import to_float
 from phasesched.sim._checks import positive_float_field, sample_count
+from phasesched.validators import to_float
 
 __all__ = ["ArrivalProcess", "Burst", "Gamma", "Periodic", "Poisson"]
 

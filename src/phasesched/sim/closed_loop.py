@@ -17,11 +17,11 @@ import attrs
 import numpy as np
 from numpy.typing import NDArray
 
-from phasesched._validators import to_float, to_int, typed
 from phasesched.sim._checks import positive_int_field
 from phasesched.sim._streams import as_dist, seeded_lengths
 from phasesched.sim.lengths import Fixed, LengthDist
 from phasesched.sim.workload import Workload
+from phasesched.validators import to_float, to_int, typed
 
 __all__ = ["ClosedLoop", "GridPoint", "grid_points"]
 

@@ -16,7 +16,6 @@ import attrs
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
-from phasesched._validators import to_float, to_int, typed
 from phasesched.errors import InvalidArgumentError
 from phasesched.sim._checks import (
     check_positive_finite,
@@ -25,6 +24,7 @@ from phasesched.sim._checks import (
     positive_int_field,
     sample_count,
 )
+from phasesched.validators import to_float, to_int, typed
 
 __all__ = ["Empirical", "Fixed", "LengthDist", "LogNormal", "Uniform"]
 

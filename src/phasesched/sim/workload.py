@@ -21,10 +21,10 @@ import attrs
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
-from phasesched._validators import typed
 from phasesched.errors import InvalidArgumentError
 from phasesched.request import Request, SamplingParams
 from phasesched.sim._checks import check_positive_finite, int_column, positive_int, time_column
+from phasesched.validators import typed
 
 __all__ = ["Workload"]
 
