@@ -17,6 +17,7 @@ import pytest
 from phasesched import POLICIES, PolicyOptions, SchedulingPolicy, cli, load_policy
 from phasesched.cli import main
 from phasesched.costmodel import ProfiledCostModel, RooflineCostModel, read_profile_csv
+from phasesched.experiments.context import REPRESENTATIVE_POLICIES
 from phasesched.sim import load_trace, synthetic, trace_stats, write_trace
 from phasesched.sim.arrivals import Poisson
 from phasesched.sim.lengths import Uniform
@@ -560,6 +561,8 @@ def test_plain_bench_runs_the_seed_suite(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stderr
     data = results(tmp_path)
     assert data["settings"]["quick"] is False
-    assert len(data["experiments"]["grid"]["rows"]) == 36
+    grid = data["experiments"]["grid"]["rows"]
+    assert len(grid) == 36 * len(REPRESENTATIVE_POLICIES)  # 3 prompts x 3 outputs x 4 concurrencies each
+    assert {row["policy"] for row in grid} == set(REPRESENTATIVE_POLICIES)
     assert data["verdict"]["winner"]["prefill_vs_baseline"] >= 0.9
     assert "Verdict:" in done.stdout
