@@ -19,6 +19,8 @@ from tests.fakes import Driver
 
 POLICIES = ["vllm", "vllm-priority", "sarathi", "sglang", "orca", "trtllm-equal-progress"]
 
+NONE = np.empty(0, np.int32)  # no running request in the selection
+
 
 def scheduler_view(scheduler: Scheduler) -> SchedulerView:
     """The view the scheduler itself would give its policy now."""
@@ -150,8 +152,14 @@ class TestCheckProposal:
             (Selection(np.array([0]), np.array([0])), "at least one token"),
             (Selection(np.array([1]), np.array([68])), "max_num_batched_tokens"),
             (Selection(np.array([1]), np.array([64])), "KV pages"),
-            (Selection(np.empty(0), np.empty(0), admitted=("x",), admitted_tokens=(1,)), "not waiting"),
-            (Selection(np.empty(0), np.empty(0), admitted=("w",), admitted_tokens=(41,)), "given 41 tokens"),
+            (
+                Selection(NONE, NONE, admitted=("x",), admitted_tokens=(1,)),
+                "not waiting",
+            ),
+            (
+                Selection(NONE, NONE, admitted=("w",), admitted_tokens=(41,)),
+                "given 41 tokens",
+            ),
             (Selection(np.array([0]), np.array([1]), preempted=(0,)), "twice"),
         ],
     )
@@ -168,4 +176,4 @@ class TestCheckProposal:
         """Running plus admitted requests may not exceed max_num_seqs."""
         view = _view(budget=TokenBudget(max_num_batched_tokens=64, max_num_seqs=2))
         with pytest.raises(InvalidPlanError, match="max_num_seqs"):
-            check_proposal(Selection(np.empty(0), np.empty(0), admitted=("w",), admitted_tokens=(1,)), view)
+            check_proposal(Selection(NONE, NONE, admitted=("w",), admitted_tokens=(1,)), view)

@@ -9,8 +9,12 @@
     phasesched profile --executor torch --output profile.csv
     phasesched policies
 
-Exit status: 0 on success, 2 for a usage error (argparse's convention), 1 for any other failure,
-with a one-line message on standard error (an unknown policy's message lists the known ones).
+Exit status: 0 on success; 2 for a usage error (argparse's convention); 1 for bad input that
+phasesched refuses (a :class:`~phasesched.errors.PhaseschedError`: a malformed or non-text trace,
+an unknown policy, whose message lists the known ones, ...) or a file that cannot be read or
+written (an ``OSError``), with a one-line ``phasesched: error: ...`` on standard error. Anything
+else is a bug in phasesched or a plugin, not the user's mistake: it is not caught, so Python
+prints its full traceback (and exits with 1).
 Optional dependencies (matplotlib, rich, an executor's torch) are imported only when used, so
 ``phasesched --help`` answers at once and works without them.
 """
@@ -32,14 +36,20 @@ from typing import Any
 import attrs
 
 from phasesched import EXECUTORS, POLICIES, __version__
-from phasesched.costmodel.profiled import ProfiledCostModel, write_profile_csv
+from phasesched._cli_options import add_deployment_options, build_deployment, key_values, parse_slo
+from phasesched._cli_tune import add_tune
+from phasesched.costmodel.coverage import GridCoverage
+from phasesched.costmodel.models import model_by_name
+from phasesched.costmodel.profiled import write_profile_csv
 from phasesched.costmodel.profiling import ProfileGrid, profile_executor
-from phasesched.errors import PhaseschedError
-from phasesched.experiments.context import ExperimentContext, ExperimentResult, jsonable
+from phasesched.costmodel.vidur import read_vidur
+from phasesched.errors import InvalidArgumentError, PhaseschedError
+from phasesched.experiments.conclusions import conclusion, slo_line
+from phasesched.experiments.context import ExperimentContext, ExperimentResult, distinct_policies, jsonable
 from phasesched.experiments.mixed_load import MixedLoadResult, Verdict
 from phasesched.experiments.suite import SuiteOptions, run_experiment, suite_names
+from phasesched.parallel import BACKENDS
 from phasesched.report import MissingExtraError, TerminalUI, require_plotting, write_figures, write_results_json
-from phasesched.sim.deployment import Deployment
 from phasesched.sim.trace_stats import trace_stats
 from phasesched.sim.traces import load_trace
 
@@ -66,7 +76,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         status: int = args.handler(args)
     except BrokenPipeError:  # output piped into `head` and closed: nothing left to tell anyone
         return 1
-    except (PhaseschedError, OSError, ValueError) as error:
+    except (PhaseschedError, OSError) as error:  # the user's input or files; anything else is a bug: traceback
         print(f"phasesched: error: {error}", file=sys.stderr)  # noqa: T201 -- the CLI's error channel
         return 1
     return status
@@ -76,6 +86,11 @@ def _usage_problem(args: argparse.Namespace) -> str | None:
     """A usage error argparse cannot express by itself, or ``None``."""
     if args.command == "bench" and args.experiment == "replay" and args.trace is None:
         return "bench replay needs --trace FILE"
+    if args.command == "profile" and args.action == "import-vidur":
+        missing = [f"--{k}" for k in ("mlp", "attention", "model", "hardware") if getattr(args, k) is None]
+        return f"profile import-vidur needs {', '.join(missing)}" if missing else None
+    if args.command == "profile" and args.executor is None:
+        return "profile needs --executor NAME (or the import-vidur action)"
     return None
 
 
@@ -91,6 +106,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_bench(commands)
     _add_trace(commands)
     _add_profile(commands)
+    add_tune(commands)
     policies = commands.add_parser("policies", help="list the registered scheduling policies")
     policies.set_defaults(handler=_policies, subparser=policies)
     return parser
@@ -135,22 +151,29 @@ def _add_bench(commands: Any) -> None:
         "or one experiment, print tables, and write results.json and PNG figures to the output folder.",
     )
     bench.add_argument("experiment", nargs="?", choices=EXPERIMENTS, help="one experiment (default: the suite)")
-    bench.add_argument("--hardware", default="H200", help="hardware preset: H200, H100-SXM, A100-80GB (default H200)")
-    bench.add_argument("--model", default="llama-3-8b", help="model preset: llama-3-8b, llama-3-70b")
-    bench.add_argument("--tensor-parallel", "--tp", type=_positive(int), default=1, help="GPUs per worker")
+    add_deployment_options(bench)
     bench.add_argument(
         "--policy",
         type=_names,
         action="append",
         metavar="NAMES",
-        help="registered policy names, comma-separated (repeatable); the curves, phase split, grid "
-        "and replay run these, mixed load adds them to its comparison",
+        help="registered policy names, comma-separated (repeatable), or 'all'; the curves, phase split, grid "
+        "and replay run these (default: every registered one, or vllm, sarathi, sglang and no-chunk in the costly "
+        "phase split and grid), mixed load adds them to its comparison",
     )
     bench.add_argument(
-        "--cost-model",
-        type=Path,
-        metavar="FILE.csv",
-        help="price steps with a profiled table (from `phasesched profile`) instead of the roofline",
+        "--slo",
+        type=parse_slo,
+        metavar="TARGETS",
+        help="e.g. ttft=500ms,tpot=50ms,itl_p99=100ms: goodput's targets in the phase split and replay, "
+        "and what the verdicts are judged against",
+    )
+    bench.add_argument(
+        "--policy-option",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a PolicyOptions field for every policy (repeatable), e.g. chunk_size=1024 or max_num_seqs=128",
     )
     bench.add_argument("--trace", type=Path, metavar="FILE", help="a trace to replay (azure, mooncake, csv, jsonl)")
     bench.add_argument("--rate", type=_positive(float), help="req/s: the replay's rate and the phase split's")
@@ -171,6 +194,10 @@ def _add_bench(commands: Any) -> None:
         help="write no PNG figures (without matplotlib they are left out anyway, with a warning)",
     )
     bench.add_argument("--quiet", action="store_true", help="no progress bar or tables; only the verdict and paths")
+    bench.add_argument(
+        "--backend", choices=BACKENDS, default="process", help="where independent simulations run (default process)"
+    )
+    bench.add_argument("--workers", type=_positive(int), help="local processes (default: every CPU)")
     bench.set_defaults(handler=_bench, subparser=bench)
 
 
@@ -196,7 +223,13 @@ def _add_profile(commands: Any) -> None:
         description="Time a registered executor on a grid of synthetic steps and write the CSV that "
         "`phasesched bench --cost-model FILE.csv` (ProfiledCostModel.from_csv) reads.",
     )
-    profile.add_argument("--executor", required=True, metavar="NAME", help="a registered executor (e.g. torch)")
+    profile.add_argument(
+        "action",
+        nargs="?",
+        choices=("import-vidur",),
+        help="import-vidur: convert Vidur's mlp.csv and attention.csv instead of measuring",
+    )
+    profile.add_argument("--executor", metavar="NAME", help="a registered executor (e.g. torch); required to measure")
     profile.add_argument("--output", required=True, type=Path, metavar="FILE.csv", help="the profile to write")
     profile.add_argument("--model", help="the executor's model (torch: a preset such as tiny)")
     profile.add_argument("--device", help="the executor's device (torch: cpu, cuda, cuda:1)")
@@ -214,6 +247,13 @@ def _add_profile(commands: Any) -> None:
         default="default",
         help="default: a small grid for a CPU model; gpu: one for an 8B-70B model on a GPU",
     )
+    vidur = profile.add_argument_group("import-vidur (Vidur's profiling data, MIT; see phasesched.costmodel.vidur)")
+    vidur.add_argument("--mlp", type=Path, metavar="FILE", help="Vidur's mlp.csv for the device and model")
+    vidur.add_argument("--attention", type=Path, metavar="FILE", help="Vidur's attention.csv for the device and model")
+    vidur.add_argument(
+        "--hardware", help="the device the files were measured on, recorded in the profile (e.g. A100-80GB)"
+    )
+    vidur.add_argument("--tensor-parallel", "--tp", type=_positive(int), default=1, help="the TP degree to import")
     for axis in ("prefill-tokens", "prefill-prefix", "decode-seqs", "decode-context"):
         profile.add_argument(f"--{axis}", type=_ints, metavar="N,N,...", help=f"override the grid's {axis} values")
     profile.add_argument("--page-size", type=_positive(int), default=16, help="tokens per KV page (default 16)")
@@ -229,7 +269,19 @@ def _add_profile(commands: Any) -> None:
 def _bench(args: argparse.Namespace) -> int:
     """Run the experiments, show tables, write results.json and figures, end with the verdict."""
     policies = tuple(name for group in args.policy or () for name in group)
-    context = ExperimentContext(_deployment(args), policies, args.seed)
+    if "all" in policies:  # every registered policy, less aliases, in place of "all"
+        policies = tuple(dict.fromkeys(n for p in policies for n in (distinct_policies() if p == "all" else (p,))))
+    policy_options = key_values(args.policy_option, "--policy-option")
+    deployment = build_deployment(args)
+    coverage = deployment.cost_model if isinstance(deployment.cost_model, GridCoverage) else None
+    context = ExperimentContext(
+        deployment,
+        policies,
+        args.seed,
+        policy_options=policy_options,
+        backend="serial" if coverage is not None else args.backend,  # so out-of-grid predictions are counted here
+        workers=args.workers,
+    )
     context.check_policies()  # everything that can fail on bad input fails before the first run
     plots = _can_plot(args.no_plots)
     options = _suite_options(args)
@@ -239,14 +291,29 @@ def _bench(args: argparse.Namespace) -> int:
     started = time.perf_counter()
     results: list[ExperimentResult] = []
     with TerminalUI(quiet=args.quiet) as ui:
+        ui.message(f"Simulating: {context.deployment.describe()}")
         context = attrs.evolve(context, progress=ui)
         for name in names:
             results.append(run_experiment(name, context, options))
             ui.table(results[-1])
-    figures = write_figures(results, out_dir) if plots else []
+            said = conclusion(results[-1])
+            if said is not None:
+                ui.message(said + "\n")
+    figures = write_figures(results, out_dir, subtitle=context.deployment.describe()) if plots else []
     wall_s = time.perf_counter() - started
-    verdict = next((r.verdict() for r in results if isinstance(r, MixedLoadResult)), None)
+    mixed = next((r for r in results if isinstance(r, MixedLoadResult)), None)
+    verdict = mixed.verdict() if mixed is not None else None
+    if mixed is not None and verdict is not None and args.slo is not None:
+        verdict = attrs.evolve(verdict, text=verdict.text + slo_line(verdict, args.slo, mixed.rows))
     payload = _payload(args, context, results, verdict=verdict, figures=figures, wall_s=wall_s)
+    if coverage is not None:
+        payload["settings"]["profile_coverage"] = {
+            "predictions": coverage.predictions,
+            "outside_grid": coverage.outside,
+            "warning": coverage.warning(),
+        }
+        if coverage.warning():
+            print(f"phasesched: warning: {coverage.warning()}", file=sys.stderr)  # noqa: T201 -- the CLI's warnings
     write_results_json(out_dir / "results.json", payload)
     _summary(ui, verdict, figures, out_dir, wall_s)
     return 0
@@ -267,17 +334,7 @@ def _can_plot(no_plots: bool) -> bool:
 def _suite_options(args: argparse.Namespace) -> SuiteOptions:
     """What the suite needs beyond the context; the trace is read (and checked) before anything runs."""
     trace = load_trace(args.trace, spread_ticks=args.spread_ticks) if args.trace is not None else None
-    return SuiteOptions(quick=args.quick, rate=args.rate, trace=trace, limit=args.limit)
-
-
-def _deployment(args: argparse.Namespace) -> Deployment:
-    """The simulated worker; unknown presets and models that do not fit fail here, before any run."""
-    cost = ProfiledCostModel.from_csv(args.cost_model) if args.cost_model is not None else None
-    deployment = Deployment(
-        hardware=args.hardware, model=args.model, tensor_parallel=args.tensor_parallel, cost_model=cost
-    )
-    deployment.kv_pages()
-    return deployment
+    return SuiteOptions(quick=args.quick, rate=args.rate, trace=trace, limit=args.limit, slo=args.slo)
 
 
 def _payload(  # noqa: PLR0913 -- the parts of one results file
@@ -293,15 +350,18 @@ def _payload(  # noqa: PLR0913 -- the parts of one results file
         "phasesched_version": __version__,
         "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "command": ["phasesched", *args.arguments],
+        "deployment": context.deployment.to_dict(),
         "settings": {
             "hardware": args.hardware,
             "model": args.model,
             "tensor_parallel": args.tensor_parallel,
             "cost_model": str(args.cost_model) if args.cost_model else "roofline",
+            "policy_options": jsonable(context.policy_options),
             "kv_pages": context.deployment.kv_pages(),
             "page_size": context.deployment.page_size,
             "policies": list(context.policies),
             "seed": args.seed,
+            "slo": None if args.slo is None else args.slo.to_dict(),
             "quick": args.quick,
             "rate": args.rate,
             "trace": str(args.trace) if args.trace else None,
@@ -310,6 +370,7 @@ def _payload(  # noqa: PLR0913 -- the parts of one results file
         },
         "experiments": {r.name: {**r.to_dict(), "wall_s": r.wall_s} for r in results},
         "verdict": verdict.to_dict() if verdict is not None else None,
+        "conclusions": {r.name: text for r in results if (text := conclusion(r)) is not None},
         "figures": [p.name for p in figures],
         "wall_s": wall_s,
     }
@@ -363,6 +424,8 @@ def _plain_text(text: str) -> str:
 # ------------------------------------------------------------------------------------ profile
 def _profile(args: argparse.Namespace) -> int:
     """Build the executor, time it on the grid, write the profile CSV with its metadata."""
+    if args.action == "import-vidur":
+        return _import_vidur(args)
     grid = _profile_grid(args)
     num_pages = args.num_pages or grid.max_pages(args.page_size)
     executor, options = _executor(args, num_pages)
@@ -390,6 +453,33 @@ def _profile(args: argparse.Namespace) -> int:
     fastest, slowest = (f(p.step_time_s for p in points) * 1e3 for f in (min, max))
     print(f"wrote {len(points)} points to {args.output} (steps of {fastest:.3f} to {slowest:.3f} ms)")  # noqa: T201
     return 0
+
+
+def _import_vidur(args: argparse.Namespace) -> int:
+    """Convert Vidur's operator profiles into our profile CSV, recording the device and model."""
+    spec = model_by_name(args.model)
+    profile = read_vidur(args.mlp, args.attention, num_layers=spec.num_layers, tp=args.tensor_parallel)
+    overrides = {k: getattr(args, k.replace("-", "_")) for k in ("prefill-prefix", "decode-seqs", "decode-context")}
+    points = profile.points(args.prefill_tokens, **_vidur_axes(overrides))
+    metadata = {
+        "source": "vidur",
+        "hardware": args.hardware,
+        "model": spec.name,
+        "tensor_parallel": str(args.tensor_parallel),
+        "mlp": str(args.mlp),
+        "attention": str(args.attention),
+        "phasesched": __version__,
+        "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+    }
+    write_profile_csv(args.output, points, metadata)
+    fastest, slowest = (f(p.step_time_s for p in points if p.step_time_s > 0) * 1e3 for f in (min, max))
+    print(f"wrote {len(points)} points to {args.output} (steps of {fastest:.3f} to {slowest:.3f} ms)")  # noqa: T201
+    return 0
+
+
+def _vidur_axes(overrides: dict[str, tuple[int, ...] | None]) -> dict[str, tuple[int, ...]]:
+    names = {"prefill-prefix": "prefixes", "decode-seqs": "decodes", "decode-context": "contexts"}
+    return {names[k]: v for k, v in overrides.items() if v}
 
 
 def _grid_axes(grid: ProfileGrid) -> dict[str, tuple[int, ...]]:
@@ -420,7 +510,7 @@ def _executor(args: argparse.Namespace, num_pages: int) -> tuple[Any, dict[str, 
         msg = (
             f"executor {args.executor!r} does not take {', '.join(refused)}; it takes: {', '.join(params) or 'nothing'}"
         )
-        raise ValueError(msg)
+        raise InvalidArgumentError(msg)
     implied = {"num_pages": num_pages, "page_size": args.page_size, "seed": args.seed}
     options = {k: v for k, v in implied.items() if takes_any or k in params} | given
     # The metadata records the factory's own defaults too, so the file says how it was measured.
@@ -435,7 +525,7 @@ def _key_values(pairs: list[str]) -> dict[str, Any]:
         key, sep, text = pair.partition("=")
         if not sep or not key.strip():
             msg = f"--option expects KEY=VALUE, got {pair!r}"
-            raise ValueError(msg)
+            raise InvalidArgumentError(msg)
         try:
             out[key.strip()] = ast.literal_eval(text)
         except (ValueError, SyntaxError):

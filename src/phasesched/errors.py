@@ -14,6 +14,7 @@ __all__ = [
     "InvalidPlanError",
     "InvalidRequestError",
     "InvalidResultError",
+    "InvalidTypeError",
     "OutOfPagesError",
     "PhaseschedError",
     "PlanInFlightError",
@@ -31,6 +32,10 @@ class PhaseschedError(Exception):
 
 class InvalidArgumentError(PhaseschedError, ValueError):
     """An argument lies outside its documented range (a non-positive page size, say)."""
+
+
+class InvalidTypeError(InvalidArgumentError, TypeError):
+    """An argument has the wrong type (a string where a length goes, say); also a ``TypeError``."""
 
 
 class InvalidRequestError(InvalidArgumentError):

@@ -1,8 +1,11 @@
-"""attrs validators that raise :class:`~phasesched.errors.InvalidArgumentError`.
+"""attrs validators (and converters) that raise :class:`~phasesched.errors.InvalidArgumentError`.
 
 attrs' own validators raise a bare ``ValueError`` or ``TypeError``, and accept ``True`` for an
 int and ``nan`` for a float in range checks. Configs and policies validate their fields with
-these instead, so every bad value a caller can pass is a typed error that names the field.
+these instead, so every bad value a caller can pass is a typed error that names the field;
+:func:`typed` wraps attrs' own validators (and :func:`to_int` / :func:`to_float` convert) so that
+they raise :class:`~phasesched.errors.InvalidArgumentError` or
+:class:`~phasesched.errors.InvalidTypeError` instead.
 """
 
 from __future__ import annotations
@@ -12,11 +15,12 @@ import operator
 from collections.abc import Callable
 from typing import Any
 
+import attrs
 import numpy as np
 
-from phasesched.errors import InvalidArgumentError
+from phasesched.errors import InvalidArgumentError, InvalidTypeError
 
-__all__ = ["INT32_MAX", "INT64_MAX", "is_int", "number", "optional", "whole"]
+__all__ = ["INT32_MAX", "INT64_MAX", "is_int", "number", "optional", "to_float", "to_int", "typed", "whole"]
 
 INT32_MAX = int(np.iinfo(np.int32).max)
 """The largest token id, token count or position the scheduler's int32 arrays hold."""
@@ -87,3 +91,66 @@ def optional(validator: Validator) -> Validator:
             validator(instance, attribute, value)
 
     return check
+
+
+def _typed_error(error: Exception, where: str) -> InvalidArgumentError:
+    """``error`` as the typed error of its kind, its message prefixed by ``where``."""
+    message = f"{where}: {error.args[0] if error.args else error}"
+    return InvalidTypeError(message) if isinstance(error, TypeError) else InvalidArgumentError(message)
+
+
+def typed(*validators: Validator) -> Validator:
+    """One attrs validator running ``validators`` in order; their errors become typed ones.
+
+    >>> @attrs.frozen
+    ... class Box:
+    ...     size: int = attrs.field(validator=typed(attrs.validators.instance_of(int), attrs.validators.gt(0)))
+    >>> Box(0)
+    Traceback (most recent call last):
+    ...
+    phasesched.errors.InvalidArgumentError: Box.size: 'size' must be > 0: 0
+    """
+
+    def check(instance: Any, attribute: attrs.Attribute[Any], value: Any) -> None:
+        try:
+            for validator in validators:
+                validator(instance, attribute, value)
+        except InvalidArgumentError:
+            raise
+        except (TypeError, ValueError) as error:
+            raise _typed_error(error, f"{type(instance).__name__}.{attribute.name}") from None
+
+    return check
+
+
+def to_int(value: Any) -> int:
+    """An attrs converter: ``value`` as an ``int`` (``operator.index``: no fractions, no strings).
+
+    >>> to_int(2.5)
+    Traceback (most recent call last):
+    ...
+    phasesched.errors.InvalidTypeError: expected an integer, got 2.5 (float)
+    """
+    try:
+        return operator.index(value)
+    except TypeError:
+        msg = f"expected an integer, got {value!r} ({type(value).__name__})"
+        raise InvalidTypeError(msg) from None
+
+
+def to_float(value: Any) -> float:
+    """An attrs converter: ``value`` as a ``float``.
+
+    >>> to_float("fast")
+    Traceback (most recent call last):
+    ...
+    phasesched.errors.InvalidArgumentError: expected a number, got 'fast' (str)
+    """
+    try:
+        return float(value)
+    except TypeError:
+        msg = f"expected a number, got {value!r} ({type(value).__name__})"
+        raise InvalidTypeError(msg) from None
+    except ValueError:
+        msg = f"expected a number, got {value!r} ({type(value).__name__})"
+        raise InvalidArgumentError(msg) from None

@@ -22,9 +22,9 @@ class TestHardware:
     @pytest.mark.parametrize(
         ("name", "flops", "bandwidth", "memory", "link"),
         [
-            ("H100-SXM", 989e12, 3.35e12, 80e9, 900e9),
-            ("H200", 989e12, 4.8e12, 141e9, 900e9),
-            ("A100-80GB", 312e12, 2.039e12, 80e9, 600e9),
+            ("H100-SXM", 989e12, 3.35e12, 79.18 * 2**30, 900e9),
+            ("H200", 989e12, 4.8e12, 139.81 * 2**30, 900e9),
+            ("A100-80GB", 312e12, 2.039e12, 79.15 * 2**30, 600e9),
         ],
     )
     def test_datasheet_numbers(self, name: str, flops: float, bandwidth: float, memory: float, link: float) -> None:

@@ -119,9 +119,10 @@ class TestHandComputed:
         )
 
     def test_kv_capacity(self, h200_8b: RooflineCostModel) -> None:
-        """KV tokens that fit beside the weights at 90% of 141 GB."""
-        assert h200_8b.kv_capacity_tokens() == int((0.9 * 141e9 - 2 * 8_030_261_248) // KV_8B)
-        assert RooflineCostModel.from_names("H200", "llama-3-70b").kv_capacity_tokens() == 0
+        """KV tokens that fit at 90% of 139.81 GiB beside the weights, vLLM's activation and non-torch reserves."""
+        reserve = 2 * 8_030_261_248 + 1024 * 128256 * 38.7 + 0.13 * 2**30
+        assert h200_8b.kv_capacity_tokens() == int((0.9 * 139.81 * 2**30 - reserve) // (16 * KV_8B)) * 16
+        assert RooflineCostModel.from_names("A100-80GB", "llama-3-70b").kv_capacity_tokens() == 0
 
     def test_rejects_tensor_parallel_not_dividing_heads(self) -> None:
         """TP3 cannot shard 32 heads."""

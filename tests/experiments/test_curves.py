@@ -13,6 +13,7 @@ from phasesched.experiments import (
     run_decode_curve,
     run_prefill_curve,
 )
+from phasesched.experiments.context import distinct_policies
 from phasesched.sim import Deployment
 
 
@@ -47,9 +48,11 @@ class TestPrefillCurve:
         assert by_len == sorted(by_len)
 
     def test_default_policy_and_to_dict(self) -> None:
-        """Without policies it runs vllm; to_dict carries the config and the rows."""
+        """Without policies it runs every registered one, less aliases; to_dict carries the config and the rows."""
         result = run_prefill_curve(ExperimentContext(), PrefillCurveConfig.quick())
-        assert result.policies == ("vllm",)
+        assert result.policies == distinct_policies()
+        assert {"vllm", "sarathi", "sglang", "no-chunk"} <= set(result.policies)
+        assert "orca" not in result.policies  # no-chunk's alias
         data = result.to_dict()
         assert data["experiment"] == "prefill_curve"
         assert data["config"]["batch_size"] == 2
@@ -69,7 +72,9 @@ class TestPrefillCurve:
     def test_progress_is_reported(self) -> None:
         """The hook hears every point, ending at total."""
         seen: list[tuple[str, int, int]] = []
-        context = ExperimentContext(progress=lambda task, done, total: seen.append((task, done, total)))
+        context = ExperimentContext(
+            policies=("vllm",), progress=lambda task, done, total: seen.append((task, done, total))
+        )
         run_prefill_curve(context, PrefillCurveConfig.quick())
         assert seen == [("prefill curve", 1, 2), ("prefill curve", 2, 2)]
 

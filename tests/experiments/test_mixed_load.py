@@ -12,9 +12,11 @@ from hypothesis import strategies as st
 
 from phasesched import POLICIES, PolicyOptions, SchedulingPolicy, load_policy
 from phasesched.experiments import ExperimentContext, MixedLoadConfig, MixedLoadResult, Row, run_mixed_load, verdict
+from phasesched.experiments.conclusions import phase_split_conclusion_rows, slo_line
 from phasesched.experiments.mixed_load import decode_step_s, setups
 from phasesched.metrics import BUDGET_PHASES
 from phasesched.sim import Deployment
+from phasesched.slo import SLO
 
 
 @pytest.fixture(scope="module")
@@ -33,13 +35,13 @@ class TestSetups:
         labels = [s.label for s in setups(context, MixedLoadConfig(), 0.015)]
         assert labels == [
             "no-chunk",
-            "chunk-256",
-            "chunk-512",
-            "chunk-1024",
-            "chunk-2048",
-            "chunk-4096",
+            "sarathi(chunk=256)",
+            "sarathi(chunk=512)",
+            "sarathi(chunk=1024)",
+            "sarathi(chunk=2048)",
+            "sarathi(chunk=4096)",
             "sarathi-slo",
-            "disagg-1p1d",
+            "no-chunk on 1P:1D",
             "vllm",
             "sglang",
         ]
@@ -47,9 +49,10 @@ class TestSetups:
     def test_chunks_use_sarathi_and_slo_gets_its_target(self) -> None:
         """Fixed chunks are sarathi with chunk_size; the SLO-adaptive setup carries the TBT target."""
         plan = {s.label: s for s in setups(ExperimentContext(), MixedLoadConfig(), 0.015)}
-        assert (plan["chunk-1024"].policy, plan["chunk-1024"].options) == ("sarathi", {"chunk_size": 1024})
+        chunked = plan["sarathi(chunk=1024)"]
+        assert (chunked.policy, chunked.options) == ("sarathi", {"chunk_size": 1024})
         assert plan["sarathi-slo"].options == {"tbt_target_s": 0.015}
-        assert plan["disagg-1p1d"].workers == 2
+        assert plan["no-chunk on 1P:1D"].workers == 2
         assert plan["no-chunk"].workers == 1
 
     def test_disaggregation_can_be_left_out(self) -> None:
@@ -71,7 +74,7 @@ class TestRun:
     def test_smaller_chunks_give_smaller_gaps_and_slower_prefill(self, quick: MixedLoadResult) -> None:
         """p99 gaps grow with the chunk; prefill throughput falls as chunks shrink; all below no chunking."""
         rows = rows_by_label(quick)
-        small, large, base = rows["chunk-256"], rows["chunk-2048"], rows["no-chunk"]
+        small, large, base = rows["sarathi(chunk=256)"], rows["sarathi(chunk=2048)"], rows["no-chunk"]
         assert small["p99_gap_ms"] < large["p99_gap_ms"] < base["p99_gap_ms"]
         assert small["prefill_tok_s"] < large["prefill_tok_s"] <= base["prefill_tok_s"] * 1.0001
 
@@ -88,7 +91,7 @@ class TestRun:
             budget = quick.budgets_ms[row["label"]]
             assert list(budget) == list(BUDGET_PHASES)
             assert sum(budget.values()) == pytest.approx(row["long_ttft_ms"])
-            assert (budget["transfer"] > 0) == (row["label"] == "disagg-1p1d")
+            assert (budget["transfer"] > 0) == (row["label"] == "no-chunk on 1P:1D")
 
     def test_window_gaps_match_the_row(self, quick: MixedLoadResult) -> None:
         """The stored window gaps are the ones the row's percentiles come from."""
@@ -110,7 +113,7 @@ class TestRun:
         config = attrs.evolve(MixedLoadConfig.quick(), chunk_sizes=())
         rows = rows_by_label(run_mixed_load(ExperimentContext(Deployment(tensor_parallel=2)), config))
         assert rows["no-chunk"]["gpus"] == 2
-        assert rows["disagg-1p1d"]["gpus"] == 4
+        assert rows["no-chunk on 1P:1D"]["gpus"] == 4
 
     def test_registered_plugin_joins_the_comparison(self) -> None:
         """A policy registered by name (as a plugin's entry point is) is added to the comparison."""
@@ -124,7 +127,7 @@ class TestRun:
         finally:
             POLICIES.unregister("test-tiny-chunks")
         rows = rows_by_label(result)
-        assert rows["test-tiny-chunks"]["p99_gap_ms"] < rows["chunk-256"]["p99_gap_ms"]
+        assert rows["test-tiny-chunks"]["p99_gap_ms"] < rows["sarathi(chunk=256)"]["p99_gap_ms"]
 
 
 def row(label: str, p99: float, tok_s: float, gpus: int = 1) -> Row:
@@ -192,3 +195,55 @@ class TestVerdict:
         if v.more_gpus is not None:
             assert v.more_gpus["gpus"] > 1
             assert v.more_gpus["p99_gap_ms"] < v.winner["p99_gap_ms"]
+
+
+class TestVerdictEvidence:
+    ROWS = (
+        {"label": "no-chunk", "gpus": 1, "p99_gap_ms": 470.0, "prefill_tok_s": 34_000.0},
+        {"label": "sarathi(chunk=512)", "gpus": 1, "p99_gap_ms": 19.1, "prefill_tok_s": 31_000.0},
+        {"label": "sarathi(chunk=1024)", "gpus": 1, "p99_gap_ms": 19.5, "prefill_tok_s": 33_000.0},
+        {"label": "sarathi-slo", "gpus": 1, "p99_gap_ms": 12.4, "prefill_tok_s": 30_500.0},
+    )
+
+    def test_runner_up_within_noise(self) -> None:
+        """The runner-up is named with its gap, and a difference under 5% is called noise."""
+        v = verdict(self.ROWS)
+        assert v.runner_up is not None
+        assert v.runner_up["label"] == "sarathi(chunk=1024)"
+        assert "Runner-up: sarathi(chunk=1024), p99 gap 19.5 ms" in v.text
+        assert "within noise" in v.text
+
+    def test_near_miss_is_named(self) -> None:
+        """A configuration just under the throughput floor with lower gaps is mentioned, not silently dropped."""
+        v = verdict(self.ROWS)
+        assert [r["label"] for r in v.near_misses] == ["sarathi-slo"]
+        assert "Just under the 90% floor: sarathi-slo reaches a p99 gap of 12.4 ms at 89.7%" in v.text
+
+    def test_verdict_names_only_passable_policies(self) -> None:
+        """Every label of the standard set is a registered policy, with options in the label's parentheses."""
+        for setup in setups(ExperimentContext(), MixedLoadConfig(), 0.015):
+            assert setup.label.split("(")[0].split(" on ")[0] in POLICIES.names()
+
+
+class TestConclusions:
+    def test_slo_line_names_who_meets_it(self) -> None:
+        """A winner missing the SLO's ITL target is said to miss it, and the rows that meet it are named."""
+        rows = [dict(r, prefill_vs_baseline=None) for r in TestVerdictEvidence.ROWS]
+        v = verdict(rows)
+        text = slo_line(v, SLO.parse("itl_p99=15ms"), rows)
+        assert "sarathi(chunk=512)'s p99 gap of 19.1 ms misses it" in text
+        assert "Meeting it: sarathi-slo (12.4 ms, 90% prefill, 1 GPUs)" in text
+        assert "meets it" in slo_line(v, SLO.parse("itl_p99=20ms"), rows)
+
+    def test_phase_split_conclusion_shows_itl(self) -> None:
+        """The phase split's conclusion names the best goodput per GPU and the lowest p99 ITL, with both ITLs."""
+        rows = (
+            {"label": "2 replicas", "gpus": 2, "goodput_per_gpu": 3.0, "p99_ttft_ms": 300.0, "p99_itl_ms": 129.0},
+            {"label": "3 replicas", "gpus": 2, "goodput_per_gpu": 2.95, "p99_ttft_ms": 300.0, "p99_itl_ms": 100.0},
+            {"label": "1P:1D", "gpus": 2, "goodput_per_gpu": 2.5, "p99_ttft_ms": 420.0, "p99_itl_ms": 8.7},
+        )
+        text = phase_split_conclusion_rows(rows)
+        assert "2 replicas serves the most goodput per GPU" in text
+        assert "p99 ITL 129.0 ms" in text
+        assert "within noise (2%)" in text
+        assert "lowest p99 ITL: 1P:1D, 8.7 ms" in text

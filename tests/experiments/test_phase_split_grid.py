@@ -20,7 +20,7 @@ from phasesched.sim import Deployment
 
 @pytest.fixture(scope="module")
 def split() -> PhaseSplitResult:
-    return run_phase_split(ExperimentContext(), PhaseSplitConfig.quick())
+    return run_phase_split(ExperimentContext(policies=("vllm",)), PhaseSplitConfig.quick())
 
 
 class TestPhaseSplit:
@@ -79,9 +79,9 @@ class TestPhaseSplit:
     def test_link_latency_adds_to_every_transfer(self) -> None:
         """link_latency_s reaches the KV link: each transfer, and so the mean, takes that much longer."""
         config = attrs.evolve(PhaseSplitConfig.quick(), ratios=((1, 1),), aggregated=False, num_requests=8)
-        result = run_phase_split(ExperimentContext(), config)
+        result = run_phase_split(ExperimentContext(policies=("vllm",)), config)
         base = result.rows[0]
-        slow = run_phase_split(ExperimentContext(), attrs.evolve(config, link_latency_s=0.05)).rows[0]
+        slow = run_phase_split(ExperimentContext(policies=("vllm",)), attrs.evolve(config, link_latency_s=0.05)).rows[0]
         assert slow["mean_transfer_ms"] - base["mean_transfer_ms"] == pytest.approx(50.0 - 0.02, rel=1e-6)
         assert (base["failed"], slow["failed"]) == (0, 0)
         assert result.to_dict()["config"]["link_latency_s"] == 20e-6
@@ -91,7 +91,7 @@ class TestGrid:
     def test_cells_and_request_counts(self) -> None:
         """A row per cell in grid order, each with max(requests_per_client * clients, min_requests) requests."""
         config = GridConfig.quick()
-        result = run_grid(ExperimentContext(), config)
+        result = run_grid(ExperimentContext(policies=("vllm",)), config)
         assert [(r["prompt_len"], r["output_len"], r["concurrency"]) for r in result.rows] == [
             (p.prompt_len, p.output_len, p.concurrency) for p in config.points()
         ]
@@ -99,7 +99,7 @@ class TestGrid:
 
     def test_single_client_sees_no_queueing(self) -> None:
         """With one client, TTFT is the prompt's prefill step and ITL the single decode step."""
-        context = ExperimentContext()
+        context = ExperimentContext(policies=("vllm",))
         config = GridConfig(prompts=(2048,), outputs=(8,), concurrency=(1,), requests_per_client=3, min_requests=3)
         (row,) = run_grid(context, config).rows
         cost = context.cost_model()
@@ -111,5 +111,16 @@ class TestGrid:
     def test_more_clients_more_throughput(self) -> None:
         """Generated tokens/s grows with concurrency for short prompts (decode batches amortize weights)."""
         config = GridConfig(prompts=(128,), outputs=(64,), concurrency=(1, 8), requests_per_client=2)
-        rows = run_grid(ExperimentContext(), config).rows
+        rows = run_grid(ExperimentContext(policies=("vllm",)), config).rows
         assert rows[1]["output_tok_s"] > 4 * rows[0]["output_tok_s"]
+
+
+class TestParallel:
+    def test_process_pool_equals_serial(self) -> None:
+        """Phase split rows are the same computed on two processes as in one."""
+        serial = run_phase_split(ExperimentContext(policies=("vllm", "sarathi")), PhaseSplitConfig.quick())
+        pooled = run_phase_split(
+            ExperimentContext(policies=("vllm", "sarathi"), backend="process", workers=2), PhaseSplitConfig.quick()
+        )
+        assert serial.rows == pooled.rows
+        assert serial.budgets_ms == pooled.budgets_ms

@@ -61,6 +61,21 @@ class TestReplay:
         assert result.clipped == 2
         assert result.rows[0]["completed"] == 3
 
+    def test_clipped_and_cut_tokens_are_reported(self) -> None:
+        """Clipped prompts and cut outputs are counted in requests and tokens: in the title, a column and JSON."""
+        trace = Workload("long", [0.0, 0.1, 0.2], [100, 5000, 4000], [4, 4, 200])
+        context = ExperimentContext(Deployment(max_model_len=4096), policies=("vllm",))
+        result = run_replay(context, ReplayConfig(trace))
+        assert (result.clipped, result.clipped_tokens) == (1, 5000 - 4095)
+        row = result.rows[0]
+        # 5000 -> 4095 keeps 1 of 4 tokens; 4000 + 200 keeps 96 of 200.
+        assert (row["truncated_outputs"], row["truncated_output_tokens"]) == (2, 3 + 104)
+        assert "1 prompts clipped to fit, 905 prompt tokens cut" in result.title
+        assert "truncated_outputs" in [c.key for c in result.columns]
+        data = result.to_dict()
+        assert (data["clipped_prompts"], data["clipped_prompt_tokens"]) == (1, 905)
+        assert data["rows"][0]["truncated_output_tokens"] == 107
+
     def test_progress_per_request(self, tmp_path: Path) -> None:
         """Progress is reported per policy, in requests, ending at the total."""
         seen: dict[str, tuple[int, int]] = {}

@@ -9,6 +9,7 @@ import struct
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -22,6 +23,7 @@ from phasesched.experiments import (
     PhaseSplitConfig,
     PrefillCurveConfig,
     ReplayConfig,
+    ReplayResult,
     run_decode_curve,
     run_mixed_load,
     run_phase_split,
@@ -34,12 +36,14 @@ from phasesched.report import (
     _tables,
     format_cell,
     format_table,
+    loss_note,
     print_table,
     require_plotting,
     write_figures,
     write_results_json,
 )
-from phasesched.sim import fixed
+from phasesched.report import _plots as plots_module
+from phasesched.sim import Deployment, Workload, fixed
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
@@ -127,6 +131,23 @@ class TestResultsJson:
 
 
 class TestFigures:
+    def test_subtitle_names_what_was_simulated(
+        self, results: list[ExperimentResult], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """The subtitle given to write_figures is drawn on every figure (as the figure's suptitle)."""
+        pytest.importorskip("matplotlib")
+        seen = []
+        original = plots_module._save
+
+        def spy(figure: Any, path: Path, subtitle: str = "") -> Any:
+            seen.append(subtitle)
+            return original(figure, path, subtitle)
+
+        monkeypatch.setattr(plots_module, "_save", spy)
+        write_figures(results, tmp_path, subtitle="H200 x 1 (TP1) serving llama-3-8b; cost model: roofline")
+        assert seen
+        assert set(seen) == {"H200 x 1 (TP1) serving llama-3-8b; cost model: roofline"}
+
     def test_every_figure_is_a_png(self, results: list[ExperimentResult], tmp_path: Path) -> None:
         """write_figures draws each supported figure as a real PNG of a sensible size."""
         pytest.importorskip("matplotlib")
@@ -137,6 +158,7 @@ class TestFigures:
             "mixed_load_gap_cdf.png",
             "mixed_load_budget.png",
             "phase_split_budget.png",
+            "phase_split_latency.png",
             "replay_cdf.png",
         ]
         for path in paths:
@@ -175,6 +197,37 @@ class TestTerminalUI:
         assert out.getvalue() == format_table(results[1]) + "\n\ndone\n"
 
 
+@pytest.fixture(scope="module")
+def cut() -> ReplayResult:
+    """A replay where two requests ask for more output than a 4,096-token context leaves."""
+    context = ExperimentContext(Deployment(max_model_len=4096), policies=("vllm", "sarathi"))
+    return run_replay(context, ReplayConfig(Workload("long", [0.0, 0.1], [4000, 10], [200, 4100])))
+
+
+class TestLossNote:
+    """Outputs cut short by the context limit are named under the table, even when quiet."""
+
+    def test_the_note_names_requests_and_tokens_per_row(self, cut: ReplayResult) -> None:
+        """Each policy's row is named with its cut requests and lost tokens."""
+        note = loss_note(cut)
+        assert note == (
+            "Outputs cut short to fit max_model_len (vllm: 2 requests, 118 tokens; sarathi: 2 requests, 118 tokens)"
+        )
+
+    @pytest.mark.parametrize("quiet", [False, True])
+    def test_the_terminal_shows_it_quiet_or_not(self, cut: ReplayResult, quiet: bool) -> None:
+        """The note follows the table, and stays when quiet hides the table."""
+        out = io.StringIO()
+        with TerminalUI(quiet=quiet, stream=out) as ui:
+            ui.table(cut)
+        table = "" if quiet else format_table(cut) + "\n\n"
+        assert out.getvalue() == f"{table}Note: {loss_note(cut)}\n"
+
+    def test_no_note_when_nothing_was_cut(self, results: list[ExperimentResult]) -> None:
+        """Experiments that lose nothing print no note."""
+        assert [loss_note(r) for r in results] == [None] * len(results)
+
+
 class FakeTerminal(io.StringIO):
     def isatty(self) -> bool:
         return True
@@ -194,7 +247,7 @@ class TestTerminalUIOnATerminal:
             ui.message("done")
         text = out.getvalue()
         assert "Mixed load" in text
-        assert "disagg-1p1d" in text
+        assert "no-chunk on 1P:1D" in text
         assert "done" in text
 
 

@@ -19,7 +19,7 @@ from collections.abc import Mapping
 
 import attrs
 
-from phasesched.errors import UnknownNameError
+from phasesched.errors import InvalidArgumentError, UnknownNameError
 
 __all__ = ["HARDWARE_PRESETS", "Hardware", "hardware_by_name"]
 
@@ -27,19 +27,19 @@ __all__ = ["HARDWARE_PRESETS", "Hardware", "hardware_by_name"]
 def _positive(_: object, attribute: attrs.Attribute[float], value: float) -> None:
     if not value > 0:
         msg = f"{attribute.name} must be positive, got {value}"
-        raise ValueError(msg)
+        raise InvalidArgumentError(msg)
 
 
 def _fraction(_: object, attribute: attrs.Attribute[float], value: float) -> None:
     if not 0.0 < value <= 1.0:
         msg = f"{attribute.name} must be in (0, 1], got {value}"
-        raise ValueError(msg)
+        raise InvalidArgumentError(msg)
 
 
 def _non_negative(_: object, attribute: attrs.Attribute[float], value: float) -> None:
     if not value >= 0:
         msg = f"{attribute.name} must be non-negative, got {value}"
-        raise ValueError(msg)
+        raise InvalidArgumentError(msg)
 
 
 @attrs.frozen
@@ -50,7 +50,8 @@ class Hardware:
         name: Preset name (``"H200"``).
         peak_flops: Dense (no sparsity) BF16 tensor-core FLOP/s.
         hbm_bandwidth: HBM bandwidth, bytes/s.
-        memory_bytes: HBM capacity, bytes (the datasheet's decimal gigabytes).
+        memory_bytes: HBM capacity in bytes as the driver reports it (``torch.cuda.mem_get_info``'s
+            total, which vLLM logs as ``total_gpu_memory``): a little under the datasheet's GB.
         link_bandwidth: NVLink bandwidth per GPU as datasheets quote it, bytes/s, *both
             directions together*; a ring all-reduce streams in one direction, so the cost
             model uses :attr:`link_bandwidth_per_direction`.
@@ -100,6 +101,11 @@ class Hardware:
 #   per-direction NVLink bandwidth (about 360 GB/s of 450 on H100); small-message latency is a
 #   few microseconds with vLLM's custom all-reduce and about 10 us with NCCL: 8 us on
 #   Hopper, 10 us on A100.
+# NOTE: memory is what vLLM logs as total_gpu_memory on each GPU (H100 SXM 79.18 GiB, H200
+# 139.81 GiB, A100-SXM4-80GB 79.15 GiB), not the datasheet's 80 / 141 GB: counting 80 GB as
+# 80e9 bytes loses 5.9 GB per GPU, which for a 70B model on two A100s is most of the KV cache.
+_GIB = 1024**3
+
 _HOPPER_EFFICIENCY = {
     "compute_efficiency": 0.70,
     "attention_efficiency": 0.50,
@@ -112,7 +118,7 @@ H100_SXM = Hardware(
     name="H100-SXM",
     peak_flops=989e12,
     hbm_bandwidth=3.35e12,
-    memory_bytes=80e9,
+    memory_bytes=79.18 * _GIB,
     link_bandwidth=900e9,
     **_HOPPER_EFFICIENCY,
 )
@@ -122,7 +128,7 @@ H200 = Hardware(
     name="H200",
     peak_flops=989e12,
     hbm_bandwidth=4.8e12,
-    memory_bytes=141e9,
+    memory_bytes=139.81 * _GIB,
     link_bandwidth=900e9,
     **_HOPPER_EFFICIENCY,
 )
@@ -132,7 +138,7 @@ A100_80GB = Hardware(
     name="A100-80GB",
     peak_flops=312e12,
     hbm_bandwidth=2.039e12,
-    memory_bytes=80e9,
+    memory_bytes=79.15 * _GIB,
     link_bandwidth=600e9,
     link_latency_s=10e-6,
     compute_efficiency=0.75,

@@ -13,11 +13,12 @@ from collections.abc import Mapping
 
 import attrs
 
-from phasesched.errors import UnknownNameError
+from phasesched.errors import InvalidArgumentError, UnknownNameError
+from phasesched.validators import typed
 
 __all__ = ["MODEL_PRESETS", "ModelSpec", "model_by_name"]
 
-_positive = attrs.validators.gt(0)
+_positive = typed(attrs.validators.gt(0))
 
 
 @attrs.frozen
@@ -37,6 +38,8 @@ class ModelSpec:
         tie_embeddings: ``tie_word_embeddings``: the LM head reuses the embedding table.
         kv_bytes_per_element: 2 for a BF16 KV cache, 1 for FP8.
         activation_bytes: Bytes per activation element, what tensor-parallel all-reduces move.
+        embedding_dtype_bytes: Bytes per parameter of the embedding, LM head and norms as stored,
+            when they differ from ``bytes_per_param`` (FP8 checkpoints keep them in BF16: 2).
 
     >>> m = model_by_name("llama-3-8b")
     >>> round(m.num_params / 1e9, 2), m.kv_bytes_per_token
@@ -56,11 +59,17 @@ class ModelSpec:
     tie_embeddings: bool = False
     kv_bytes_per_element: int = attrs.field(default=2, validator=_positive)
     activation_bytes: int = attrs.field(default=2, validator=_positive)
+    embedding_dtype_bytes: int | None = attrs.field(default=None, validator=attrs.validators.optional(_positive))
 
     def __attrs_post_init__(self) -> None:
         if self.num_heads % self.num_kv_heads:
             msg = f"num_heads ({self.num_heads}) must be a multiple of num_kv_heads ({self.num_kv_heads})"
-            raise ValueError(msg)
+            raise InvalidArgumentError(msg)
+
+    @property
+    def embedding_bytes_per_param(self) -> int:
+        """Bytes per parameter of the embedding, LM head and norms as stored."""
+        return self.bytes_per_param if self.embedding_dtype_bytes is None else self.embedding_dtype_bytes
 
     @property
     def layer_linear_params(self) -> int:
@@ -122,7 +131,7 @@ class ModelSpec:
         return 2 * self.num_layers * self.num_kv_heads * self.head_dim * self.kv_bytes_per_element
 
     def check_tensor_parallel(self, tensor_parallel: int) -> None:
-        """Raise ``ValueError`` unless the model shards over ``tensor_parallel`` GPUs.
+        """Raise :class:`~phasesched.errors.InvalidArgumentError` unless the model shards over ``tensor_parallel`` GPUs.
 
         Query heads must split evenly; KV heads must split evenly or, when fewer than the GPUs,
         divide them (each KV head is then replicated, as vLLM does).
@@ -130,10 +139,10 @@ class ModelSpec:
         tp = tensor_parallel
         if tp < 1 or self.num_heads % tp:
             msg = f"tensor_parallel={tp} must be a positive divisor of num_heads={self.num_heads}"
-            raise ValueError(msg)
+            raise InvalidArgumentError(msg)
         if self.num_kv_heads % tp and tp % self.num_kv_heads:
             msg = f"tensor_parallel={tp} neither divides nor is a multiple of num_kv_heads={self.num_kv_heads}"
-            raise ValueError(msg)
+            raise InvalidArgumentError(msg)
 
     def kv_heads_per_gpu(self, tensor_parallel: int) -> int:
         """KV heads each GPU stores under ``tensor_parallel``-way sharding (at least one)."""

@@ -35,7 +35,8 @@ from numpy.typing import ArrayLike, NDArray
 
 from phasesched.costmodel._batch import check_batch, check_decodes
 from phasesched.costmodel._grid import GridInterpolator
-from phasesched.errors import PhaseschedError
+from phasesched.errors import InvalidArgumentError, PhaseschedError
+from phasesched.validators import to_float, typed
 
 __all__ = [
     "FEATURES",
@@ -71,7 +72,7 @@ class ProfileFormatError(PhaseschedError, ValueError):
 def _finite_non_negative(_: object, attribute: attrs.Attribute[float], value: float) -> None:
     if not (math.isfinite(value) and value >= 0):
         msg = f"{attribute.name} must be a finite non-negative number, got {value}"
-        raise ValueError(msg)
+        raise InvalidArgumentError(msg)
 
 
 @attrs.frozen
@@ -83,16 +84,26 @@ class ProfilePoint:
 
     """
 
-    prefill_tokens: int = attrs.field(validator=attrs.validators.ge(0))
-    prefill_prefix: float = attrs.field(converter=float, validator=_finite_non_negative)
-    decode_seqs: int = attrs.field(validator=attrs.validators.ge(0))
-    decode_context: float = attrs.field(converter=float, validator=_finite_non_negative)
-    step_time_s: float = attrs.field(converter=float, validator=_finite_non_negative)
+    prefill_tokens: int = attrs.field(validator=typed(attrs.validators.ge(0)))
+    prefill_prefix: float = attrs.field(converter=to_float, validator=_finite_non_negative)
+    decode_seqs: int = attrs.field(validator=typed(attrs.validators.ge(0)))
+    decode_context: float = attrs.field(converter=to_float, validator=_finite_non_negative)
+    step_time_s: float = attrs.field(converter=to_float, validator=_finite_non_negative)
 
     @property
     def features(self) -> tuple[float, float, float, float]:
         """The four features, in :data:`FEATURES` order."""
         return (float(self.prefill_tokens), self.prefill_prefix, float(self.decode_seqs), self.decode_context)
+
+
+def _text(path: Path) -> str:
+    """The file's text; a file that is not UTF-8 (a binary, a spreadsheet) is a :class:`ProfileFormatError`."""
+    try:
+        return path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as error:
+        byte = error.object[error.start]
+        msg = f"{path}: not a text profile CSV: byte {byte:#04x} at offset {error.start} is not UTF-8"
+        raise ProfileFormatError(msg) from None
 
 
 def _format(value: float) -> str:
@@ -105,14 +116,14 @@ def write_profile_csv(
     """Write ``points`` (and ``# key: value`` metadata lines) in the documented schema.
 
     Raises:
-        ValueError: A metadata key or value would not read back (a newline, or a ``:`` in a key).
+        InvalidArgumentError: A metadata key or value would not read back (a newline, or a ``:`` in a key).
 
     """
     lines = []
     for key, value in (metadata or {}).items():
         if ":" in key or "\n" in key or "\n" in str(value) or key != key.strip() or not key:
             msg = f"metadata {key!r}: {value!r} cannot be written as a '# key: value' line"
-            raise ValueError(msg)
+            raise InvalidArgumentError(msg)
         lines.append(f"# {key}: {value}\n")
     lines.append(",".join(_COLUMNS) + "\n")
     lines.extend(",".join(_format(v) for v in (*p.features, p.step_time_s)) + "\n" for p in points)
@@ -126,14 +137,14 @@ def read_profile_csv(path: str | os.PathLike[str]) -> tuple[list[ProfilePoint], 
         The points, in file order, and the metadata.
 
     Raises:
-        ProfileFormatError: A missing header or column, a malformed row (its line is named),
-            or a metadata line below the header.
+        ProfileFormatError: A file that is not UTF-8 text, a missing header or column, a
+            malformed row (its line is named), or a metadata line below the header.
 
     """
     metadata: dict[str, str] = {}
     columns: dict[str, int] | None = None
     points: list[ProfilePoint] = []
-    for number, line in enumerate(Path(path).read_text(encoding="utf-8").splitlines(), start=1):
+    for number, line in enumerate(_text(Path(path)).splitlines(), start=1):
         if not line.strip():
             continue
         if line.startswith("#"):
@@ -202,7 +213,7 @@ def step_features(num_new: NDArray[np.integer], kv_len: NDArray[np.integer]) -> 
         prefill slices' cached tokens), ``decode_seqs``, ``decode_context`` (mean KV length).
 
     Raises:
-        ValueError: The arrays do not describe a step (see the ``CostModel`` Protocol).
+        InvalidArgumentError: The arrays do not describe a step (see the ``CostModel`` Protocol).
 
     >>> step_features(np.array([1, 1, 100, 300]), np.array([10, 20, 100, 700])).tolist()
     [400.0, 300.0, 2.0, 15.0]
@@ -291,7 +302,7 @@ class ProfiledCostModel:
 
     points: tuple[ProfilePoint, ...] = attrs.field(converter=_point_tuple)
     monotone: bool = attrs.field(default=True, kw_only=True)
-    step_overhead_s: float = attrs.field(default=0.0, kw_only=True, validator=attrs.validators.ge(0.0))
+    step_overhead_s: float = attrs.field(default=0.0, kw_only=True, validator=typed(attrs.validators.ge(0.0)))
     _interpolate: GridInterpolator = attrs.field(init=False, repr=False)
 
     def __attrs_post_init__(self) -> None:
@@ -324,7 +335,7 @@ class ProfiledCostModel:
         points = np.atleast_2d(np.asarray(features, dtype=np.float64))
         if points.ndim != 2 or points.shape[1] != len(FEATURES):
             msg = f"features must have shape [N, {len(FEATURES)}], got {points.shape}"
-            raise ValueError(msg)
+            raise InvalidArgumentError(msg)
         return self._interpolate(points)
 
     def step_time(self, num_new: NDArray[np.integer], kv_len: NDArray[np.integer]) -> float:

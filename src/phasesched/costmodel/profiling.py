@@ -19,7 +19,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from phasesched.costmodel.profiled import ProfilePoint
-from phasesched.errors import PhaseschedError
+from phasesched.errors import InvalidArgumentError, PhaseschedError
 from phasesched.executor import Executor
 from phasesched.kv import PagedKVManager
 from phasesched.plan import StepPlan, build_step_plan
@@ -39,7 +39,7 @@ def _axis(minimum: int) -> Callable[[object, attrs.Attribute[tuple[int, ...]], t
     def check(_: object, attribute: attrs.Attribute[tuple[int, ...]], value: tuple[int, ...]) -> None:
         if not value or list(value) != sorted(set(value)) or value[0] < minimum:
             msg = f"{attribute.name} must be strictly increasing values >= {minimum}, got {value}"
-            raise ValueError(msg)
+            raise InvalidArgumentError(msg)
 
     return check
 
@@ -48,7 +48,7 @@ def _no_one_token_prefill(_: object, attribute: attrs.Attribute[tuple[int, ...]]
     if 1 in value:
         # A one-token slice is a decode to the cost model, so it cannot stand for a prefill.
         msg = f"{attribute.name} cannot contain 1 (a one-token slice counts as a decode)"
-        raise ValueError(msg)
+        raise InvalidArgumentError(msg)
 
 
 def _int_tuple(values: tuple[int, ...]) -> tuple[int, ...]:
@@ -246,7 +246,7 @@ def profile_executor(  # noqa: PLR0913 -- every knob is a keyword with a default
     """
     if repeats < 1 or warmup < 0:
         msg = f"need repeats >= 1 and warmup >= 0, got {repeats} and {warmup}"
-        raise ValueError(msg)
+        raise InvalidArgumentError(msg)
     if grid.max_pages(page_size) > num_pages:
         msg = f"the largest grid step needs {grid.max_pages(page_size)} KV pages, the cache has {num_pages}"
         raise ProfilingError(msg)

@@ -11,6 +11,8 @@ from typing import Protocol, runtime_checkable
 import numpy as np
 from numpy.typing import NDArray
 
+from phasesched.errors import InvalidArgumentError
+
 __all__ = ["CostModel", "DecodeFastForward", "decode_step_times"]
 
 
@@ -71,7 +73,7 @@ def decode_step_times(model: CostModel, kv_len: NDArray[np.integer], num_steps: 
     """
     if num_steps < 0:
         msg = f"num_steps must be non-negative, got {num_steps}"
-        raise ValueError(msg)
+        raise InvalidArgumentError(msg)
     fast = getattr(model, "decode_step_times", None)  # the Protocol's method; isinstance() is slow here
     if fast is not None:
         return np.asarray(fast(kv_len, num_steps), dtype=np.float64)

@@ -27,7 +27,10 @@ from numpy.typing import NDArray
 
 from phasesched.costmodel._batch import check_batch, check_decodes
 from phasesched.costmodel.hardware import Hardware, hardware_by_name
+from phasesched.costmodel.memory import memory_budget
 from phasesched.costmodel.models import ModelSpec, model_by_name
+from phasesched.errors import InvalidArgumentError
+from phasesched.validators import typed
 
 __all__ = ["DEFAULT_STEP_OVERHEAD_S", "RooflineCostModel", "StepBreakdown", "causal_pairs"]
 
@@ -51,7 +54,7 @@ def _hardware_default(name: str) -> Any:
 def _fraction(_: object, attribute: attrs.Attribute[float], value: float) -> None:
     if not 0.0 < value <= 1.0:
         msg = f"{attribute.name} must be in (0, 1], got {value}"
-        raise ValueError(msg)
+        raise InvalidArgumentError(msg)
 
 
 @attrs.frozen
@@ -181,7 +184,7 @@ class RooflineCostModel:
     attention_efficiency: float = attrs.field(default=_hardware_default("attention_efficiency"), validator=_fraction)
     bandwidth_efficiency: float = attrs.field(default=_hardware_default("bandwidth_efficiency"), validator=_fraction)
     link_efficiency: float = attrs.field(default=_hardware_default("link_efficiency"), validator=_fraction)
-    step_overhead_s: float = attrs.field(default=DEFAULT_STEP_OVERHEAD_S, validator=attrs.validators.ge(0.0))
+    step_overhead_s: float = attrs.field(default=DEFAULT_STEP_OVERHEAD_S, validator=typed(attrs.validators.ge(0.0)))
 
     _rates: _Rates = attrs.field(init=False, repr=False, eq=False)
 
@@ -209,13 +212,16 @@ class RooflineCostModel:
         return 2 * m.num_layers * m.kv_heads_per_gpu(self.tensor_parallel) * m.head_dim * m.kv_bytes_per_element
 
     def kv_capacity_tokens(self, gpu_memory_utilization: float = 0.9) -> int:
-        """Tokens of KV that fit on each GPU beside its weight shard (vLLM's knob of that name).
+        """Tokens of KV that fit on each GPU, as vLLM sizes its cache (vLLM's knob of that name).
 
-        Activations and the CUDA context also need memory; ``gpu_memory_utilization`` leaves
-        room for them. Returns 0 when the weights alone do not fit.
+        Weights, vLLM's activation reserve and non-torch memory come first
+        (:func:`~phasesched.costmodel.memory.memory_budget` with vLLM's serving defaults); the
+        rest counts in whole 16-token blocks. Returns 0 when the weights alone do not fit.
         """
-        free = self.hardware.memory_bytes * gpu_memory_utilization - self.model.weight_bytes / self.tensor_parallel
-        return max(0, int(free // self.kv_bytes_per_token))
+        budget = memory_budget(
+            self.hardware, self.model, self.tensor_parallel, gpu_memory_utilization=gpu_memory_utilization
+        )
+        return budget.kv_tokens(16)
 
     # ------------------------------------------------------------------ the cost model
     def step_time(self, num_new: NDArray[np.integer], kv_len: NDArray[np.integer]) -> float:

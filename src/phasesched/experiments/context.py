@@ -21,18 +21,24 @@ from numpy.typing import NDArray
 
 from phasesched import POLICIES, PolicyOptions, SchedulingPolicy, load_policy
 from phasesched.costmodel.protocol import CostModel
+from phasesched.metrics.summary import RunMetrics
+from phasesched.parallel import Backend, map_tasks
 from phasesched.sim.deployment import Deployment
+from phasesched.validators import typed
 
 __all__ = [
     "CDF_QUANTILES",
+    "REPRESENTATIVE_POLICIES",
     "Column",
     "ExperimentContext",
     "ExperimentResult",
     "ProgressHook",
     "Row",
+    "distinct_policies",
     "json_object",
     "jsonable",
     "ms",
+    "output_losses",
     "quantiles_ms",
 ]
 
@@ -100,6 +106,32 @@ def _names(value: Iterable[str]) -> tuple[str, ...]:
     return tuple(value)
 
 
+REPRESENTATIVE_POLICIES = ("vllm", "sarathi", "sglang", "no-chunk")
+"""The default policies of the costly experiments (phase split and grid), one per distinct prefill/decode
+rule (decode-first with a shared budget, stall-free fixed chunks, prefill-first, no chunking)."""
+
+
+def distinct_policies() -> tuple[str, ...]:
+    """Every registered policy name, less aliases (a name whose policy equals an earlier one's but for its name).
+
+    >>> "no-chunk" in distinct_policies(), "orca" in distinct_policies()   # orca is no-chunk's twin, after it by name
+    (True, False)
+    """
+    seen: list[SchedulingPolicy] = []
+    out = []
+    options = PolicyOptions(cost_model=Deployment().step_cost())  # one cost model, so SLO-adaptive ones compare
+    for name in POLICIES.names():
+        try:
+            policy = attrs.evolve(load_policy(name, options), name="")
+        except Exception:  # noqa: BLE001 -- a plugin that cannot be built here is still compared (and fails there)
+            out.append(name)
+            continue
+        if policy not in seen:
+            seen.append(policy)
+            out.append(name)
+    return tuple(out)
+
+
 @attrs.frozen
 class ExperimentContext:
     """The constants an experiment runs under.
@@ -107,10 +139,17 @@ class ExperimentContext:
     Attributes:
         deployment: Hardware, model, parallelism and cost model of every worker.
         policies: Registered policy names the user asked for; empty means each experiment's
-            default (the curves, phase split and grid use ``vllm``; mixed load always compares
-            its own set and *adds* these).
+            default: every registered policy, less aliases, in the prefill curve, mixed load and
+            replay; :data:`REPRESENTATIVE_POLICIES` in the costly phase split and grid; ``vllm``
+            in the decode curve, whose steady steps no policy changes. Mixed load always compares
+            its own chunk sweep and *adds* these.
         seed: Seeds every random workload, so two runs with one seed are identical.
+        policy_options: :class:`PolicyOptions` fields given to every policy (``--policy-option``);
+            an experiment's own overrides (a chunk sweep's chunk) come on top.
         progress: Told as runs complete (not part of equality).
+        backend: Where experiments run their independent simulations
+            (:func:`phasesched.parallel.map_tasks`; not part of equality: results do not depend on it).
+        workers: Local processes for the ``process`` backend (``None``: every CPU).
 
     >>> ExperimentContext().policy_names(("vllm",))
     ('vllm',)
@@ -118,12 +157,33 @@ class ExperimentContext:
 
     deployment: Deployment = attrs.field(factory=Deployment)
     policies: tuple[str, ...] = attrs.field(default=(), converter=_names)
-    seed: int = attrs.field(default=0, validator=attrs.validators.ge(0))
+    seed: int = attrs.field(default=0, validator=typed(attrs.validators.ge(0)))
+    policy_options: dict[str, Any] = attrs.field(factory=dict, kw_only=True)
     progress: ProgressHook | None = attrs.field(default=None, eq=False, repr=False)
+    backend: Backend = attrs.field(default="serial", eq=False, kw_only=True)
+    workers: int | None = attrs.field(default=None, eq=False, kw_only=True)
 
-    def policy_names(self, default: tuple[str, ...]) -> tuple[str, ...]:
-        """The user's policies, or ``default`` when none were given."""
-        return self.policies or default
+    def policy_names(self, default: tuple[str, ...] | None = None) -> tuple[str, ...]:
+        """The user's policies, or ``default`` (``None``: :func:`distinct_policies`) when none were given."""
+        return self.policies or (default if default is not None else distinct_policies())
+
+    def map(self, task: str, function: Any, arguments: Sequence[tuple[Any, ...]]) -> list[Any]:
+        """``[function(*a) for a in arguments]`` on the context's ``backend``, reporting progress as ``task``.
+
+        ``function`` must be a module-level function; pass it :meth:`detached` rather than
+        this context, since the progress hook stays in this process.
+        """
+        return map_tasks(
+            function,
+            arguments,
+            backend=self.backend,
+            workers=self.workers,
+            progress=lambda done, total: self.report(task, done, total),
+        )
+
+    def detached(self) -> ExperimentContext:
+        """The context without its progress hook: what a task in another process gets."""
+        return attrs.evolve(self, progress=None)
 
     def check_policies(self) -> None:
         """Resolve every requested name now, before minutes of simulation.
@@ -145,6 +205,7 @@ class ExperimentContext:
         that needs a cost model (``sarathi-slo``) works anywhere.
         """
         options: dict[str, Any] = {"max_model_len": self.deployment.max_model_len, "cost_model": self.cost_model()}
+        options.update(self.policy_options)
         options.update(overrides)
         return load_policy(name, PolicyOptions(**options))
 
@@ -152,6 +213,16 @@ class ExperimentContext:
         """Forward progress to the hook, if there is one."""
         if self.progress is not None:
             self.progress(task, completed, total)
+
+
+def output_losses(metrics: RunMetrics) -> Row:
+    """A run's row keys for outputs the context limit cut short: requests and tokens lost.
+
+    >>> from phasesched.metrics import RunMetrics
+    >>> output_losses(RunMetrics({"truncated_outputs": 2, "truncated_output_tokens": 70}, {}))
+    {'truncated_outputs': 2, 'truncated_output_tokens': 70}
+    """
+    return {key: metrics[key] for key in ("truncated_outputs", "truncated_output_tokens")}
 
 
 def ms(seconds: float) -> float | None:

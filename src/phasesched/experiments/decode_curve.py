@@ -9,10 +9,11 @@ from typing import Any
 import attrs
 import numpy as np
 
-from phasesched.experiments.context import Column, ExperimentContext, Row, json_object
+from phasesched.experiments.context import Column, ExperimentContext, Row, json_object, output_losses
 from phasesched.metrics.recorder import GapLog, RequestRecord
 from phasesched.sim.builders import fixed
 from phasesched.sim.simulator import simulate
+from phasesched.validators import typed
 
 __all__ = ["DecodeCurveConfig", "DecodeCurveResult", "run_decode_curve"]
 
@@ -34,8 +35,8 @@ class DecodeCurveConfig:
     """
 
     active: tuple[int, ...] = attrs.field(default=(1, 2, 4, 8, 16, 32, 64, 128, 256, 512), converter=_counts)
-    prompt_len: int = attrs.field(default=1024, validator=attrs.validators.gt(0))
-    output_len: int = attrs.field(default=256, validator=attrs.validators.gt(1))
+    prompt_len: int = attrs.field(default=1024, validator=typed(attrs.validators.gt(0)))
+    output_len: int = attrs.field(default=256, validator=typed(attrs.validators.gt(1)))
 
     @classmethod
     def quick(cls) -> DecodeCurveConfig:
@@ -133,6 +134,7 @@ def run_decode_curve(context: ExperimentContext, config: DecodeCurveConfig | Non
             row: Row = {"policy": name, "active": active}
             row.update(_steady_row(metrics.requests, metrics.gaps, active))
             row["last_ttft_ms"] = metrics["max_ttft_ms"]
+            row.update(output_losses(metrics))
             rows.append(row)
             context.report("decode curve", len(rows), total)
     return DecodeCurveResult(config, policies, tuple(rows), time.perf_counter() - started)

@@ -8,9 +8,18 @@ from typing import Any
 
 import attrs
 
-from phasesched.experiments.context import Column, ExperimentContext, Row, json_object
+from phasesched.experiments.bench_keys import vllm_bench_values
+from phasesched.experiments.context import (
+    REPRESENTATIVE_POLICIES,
+    Column,
+    ExperimentContext,
+    Row,
+    json_object,
+    output_losses,
+)
 from phasesched.sim.closed_loop import GridPoint, grid_points
 from phasesched.sim.simulator import simulate
+from phasesched.validators import typed
 
 __all__ = ["GridConfig", "GridResult", "run_grid"]
 
@@ -36,8 +45,8 @@ class GridConfig:
     prompts: tuple[int, ...] = attrs.field(default=(128, 1024, 4096, 16384), converter=_ints)
     outputs: tuple[int, ...] = attrs.field(default=(32, 256, 1024), converter=_ints)
     concurrency: tuple[int, ...] = attrs.field(default=(1, 8, 32), converter=_ints)
-    requests_per_client: int = attrs.field(default=4, validator=attrs.validators.gt(0))
-    min_requests: int = attrs.field(default=8, validator=attrs.validators.gt(0))
+    requests_per_client: int = attrs.field(default=4, validator=typed(attrs.validators.gt(0)))
+    min_requests: int = attrs.field(default=8, validator=typed(attrs.validators.gt(0)))
 
     @classmethod
     def quick(cls) -> GridConfig:
@@ -103,34 +112,31 @@ def run_grid(context: ExperimentContext, config: GridConfig | None = None) -> Gr
     TTFT, ITL, end-to-end latency, prompt and generated tokens/s.
 
     Args:
-        context: Deployment, policies (default ``vllm``), seed and progress.
+        context: Deployment, policies (default :data:`~phasesched.experiments.context.REPRESENTATIVE_POLICIES`), seed,
+            progress and backend.
         config: Sizes; :class:`GridConfig` defaults when omitted.
     """
     config = config or GridConfig()
     started = time.perf_counter()
-    policies = context.policy_names(("vllm",))
-    points = config.points()
-    rows: list[Row] = []
-    for name in policies:
-        policy = context.load(name)
-        for point in points:
-            loop = attrs.evolve(point.closed_loop(config.num_requests(point)), seed=context.seed)
-            metrics = simulate(loop, policy, context.deployment).metrics
-            rows.append(
-                {
-                    "policy": name,
-                    "prompt_len": point.prompt_len,
-                    "output_len": point.output_len,
-                    "concurrency": point.concurrency,
-                    "requests": metrics["completed"],
-                    "mean_ttft_ms": metrics["mean_ttft_ms"],
-                    "p99_ttft_ms": metrics["p99_ttft_ms"],
-                    "median_itl_ms": metrics["median_itl_ms"],
-                    "p99_itl_ms": metrics["p99_itl_ms"],
-                    "mean_e2el_ms": metrics["mean_e2el_ms"],
-                    "input_tok_s": metrics["input_throughput"],
-                    "output_tok_s": metrics["output_throughput"],
-                }
-            )
-            context.report("grid", len(rows), len(policies) * len(points))
+    policies = context.policy_names(REPRESENTATIVE_POLICIES)
+    detached = context.detached()
+    tasks = [(detached, name, point, config) for name in policies for point in config.points()]
+    rows = context.map("grid", _cell, tasks)
     return GridResult(config, policies, tuple(rows), time.perf_counter() - started)
+
+
+def _cell(context: ExperimentContext, name: str, point: GridPoint, config: GridConfig) -> Row:
+    """One policy at one grid cell (a task for :meth:`ExperimentContext.map`)."""
+    loop = attrs.evolve(point.closed_loop(config.num_requests(point)), seed=context.seed)
+    metrics = simulate(loop, context.load(name), context.deployment).metrics
+    return {
+        "policy": name,
+        "prompt_len": point.prompt_len,
+        "output_len": point.output_len,
+        "concurrency": point.concurrency,
+        "requests": metrics["completed"],
+        "input_tok_s": metrics["input_throughput"],
+        "output_tok_s": metrics["output_throughput"],
+        **vllm_bench_values(metrics, with_slo=False),
+        **output_losses(metrics),
+    }

@@ -18,11 +18,13 @@ import attrs
 import numpy as np
 from numpy.typing import NDArray
 
-from phasesched.experiments.context import Column, ExperimentContext, Row, json_object, ms, quantiles_ms
+from phasesched.errors import InvalidArgumentError
+from phasesched.experiments.context import Column, ExperimentContext, Row, json_object, ms, output_losses, quantiles_ms
 from phasesched.metrics.summary import RunMetrics
 from phasesched.sim.builders import mixed_load
 from phasesched.sim.deployment import Disaggregation
 from phasesched.sim.simulator import simulate
+from phasesched.validators import typed
 
 __all__ = [
     "BASELINE",
@@ -38,6 +40,18 @@ __all__ = [
 
 BASELINE = "no-chunk"
 """The label (and policy) every configuration's prefill throughput is compared with."""
+
+NOISE = 0.05
+"""Relative difference under which two p99 gaps are called within noise of each other.
+
+The simulation is deterministic, but its inputs are not exact: the cost model's efficiencies
+are estimates good to several percent, and a p99 over a few hundred gaps moves by a step or
+two with the arrival time. Differences under 5% are not a ranking.
+"""
+
+NEAR_MISS = 0.05
+"""How far under the throughput floor (a fraction of no chunking's throughput) a configuration is
+still named in the verdict, when its gaps beat the winner's: the floor is a rule of thumb, not a cliff."""
 
 
 def _sizes(values: tuple[int, ...]) -> tuple[int, ...]:
@@ -63,16 +77,16 @@ class MixedLoadConfig:
             throughput is at least this fraction of no chunking's.
     """
 
-    num_short: int = attrs.field(default=32, validator=attrs.validators.gt(0))
-    short_prompt: int = attrs.field(default=512, validator=attrs.validators.gt(0))
-    short_output: int = attrs.field(default=1024, validator=attrs.validators.gt(1))
-    long_prompt: int = attrs.field(default=16384, validator=attrs.validators.gt(0))
-    long_arrival_s: float = attrs.field(default=0.5, validator=attrs.validators.ge(0.0))
+    num_short: int = attrs.field(default=32, validator=typed(attrs.validators.gt(0)))
+    short_prompt: int = attrs.field(default=512, validator=typed(attrs.validators.gt(0)))
+    short_output: int = attrs.field(default=1024, validator=typed(attrs.validators.gt(1)))
+    long_prompt: int = attrs.field(default=16384, validator=typed(attrs.validators.gt(0)))
+    long_arrival_s: float = attrs.field(default=0.5, validator=typed(attrs.validators.ge(0.0)))
     chunk_sizes: tuple[int, ...] = attrs.field(default=(256, 512, 1024, 2048, 4096), converter=_sizes)
-    tbt_factor: float = attrs.field(default=2.5, validator=attrs.validators.gt(0.0))
+    tbt_factor: float = attrs.field(default=2.5, validator=typed(attrs.validators.gt(0.0)))
     disaggregation: Disaggregation | None = attrs.field(factory=Disaggregation)
     min_prefill_fraction: float = attrs.field(
-        default=0.9, validator=[attrs.validators.gt(0.0), attrs.validators.le(1.0)]
+        default=0.9, validator=typed(attrs.validators.gt(0.0), attrs.validators.le(1.0))
     )
 
     @classmethod
@@ -93,8 +107,9 @@ class Setup:
     """One configuration compared: a labelled policy, its option overrides and its workers.
 
     Attributes:
-        label: Row label (``no-chunk``, ``chunk-512``, ``sarathi-slo``, ``disagg-1p1d``, or a
-            policy's registered name).
+        label: Row label: a registered policy name a user can pass back to ``--policy``, with
+            its overrides (``sarathi(chunk=512)`` is ``--policy sarathi --policy-option
+            chunk_size=512``) and its layout when disaggregated (``no-chunk on 1P:1D``).
         policy: Registered policy name.
         options: :class:`~phasesched.PolicyOptions` overrides.
         disaggregation: Prefill/decode pools, or ``None`` for one aggregated GPU.
@@ -175,7 +190,7 @@ class MixedLoadResult:
 
 
 def setups(context: ExperimentContext, config: MixedLoadConfig, tbt_target_s: float) -> list[Setup]:
-    """The configurations compared: the standard set, then the context's policies not in it.
+    """The configurations compared: the standard set, then the context's policies (default: every registered one).
 
     Fixed chunks use ``sarathi``, whose token budget equals its chunk: a step never carries
     more than ``chunk`` tokens, decodes included, so the chunk size is the only knob. (``vllm``
@@ -184,14 +199,24 @@ def setups(context: ExperimentContext, config: MixedLoadConfig, tbt_target_s: fl
     its workers: prefill workers have no decodes to protect.
     """
     out = [Setup(BASELINE, "no-chunk")]
-    out += [Setup(f"chunk-{size}", "sarathi", {"chunk_size": size}) for size in config.chunk_sizes]
+    out += [Setup(f"sarathi(chunk={size})", "sarathi", {"chunk_size": size}) for size in config.chunk_sizes]
     out.append(Setup("sarathi-slo", "sarathi-slo", {"tbt_target_s": tbt_target_s}))
     if config.disaggregation is not None:
         d = config.disaggregation
-        out.append(Setup(f"disagg-{d.prefill_workers}p{d.decode_workers}d", "no-chunk", disaggregation=d))
+        out.append(Setup(f"no-chunk on {d.prefill_workers}P:{d.decode_workers}D", "no-chunk", disaggregation=d))
     labels = {s.label for s in out}
-    out += [Setup(name, name) for name in context.policies if name not in labels]
+    seen = [_unnamed(context, s) for s in out if s.disaggregation is None]
+    for name in context.policy_names():
+        setup = Setup(name, name)
+        if name in labels or (not context.policies and _unnamed(context, setup) in seen):
+            continue  # a default that only repeats a row already there (sarathi is sarathi(chunk=512))
+        out.append(setup)
     return out
+
+
+def _unnamed(context: ExperimentContext, setup: Setup) -> object:
+    """The setup's policy with its name blanked, to spot presets that repeat a row."""
+    return attrs.evolve(context.load(setup.policy, **setup.options), name="")
 
 
 def decode_step_s(context: ExperimentContext, config: MixedLoadConfig) -> float:
@@ -272,6 +297,7 @@ def _measure(
         "prefill_tok_s": long.prompt_len / busy_s if busy_s > 0 else None,
         "mean_itl_ms": metrics["mean_itl_ms"],
         "p99_itl_ms": metrics["p99_itl_ms"],
+        **output_losses(metrics),
     }
     return row, window, {phase: s * 1e3 for phase, s in long.budget.as_dict().items()}
 
@@ -294,6 +320,9 @@ class Verdict:
         more_gpus: The best-gap configuration that uses more GPUs than the baseline (it is not
             eligible, since it buys its gaps with hardware), if it beats the winner's gap.
         text: The verdict in words.
+        runner_up: The next eligible configuration by p99 gap, if any.
+        near_misses: Configurations on as many GPUs with a lower p99 gap than the winner's whose
+            prefill throughput is under the floor by less than ``NEAR_MISS``.
     """
 
     winner: Row
@@ -301,6 +330,8 @@ class Verdict:
     min_prefill_fraction: float
     more_gpus: Row | None
     text: str
+    runner_up: Row | None = None
+    near_misses: tuple[Row, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready: the winner's and baseline's labels and numbers, and the text."""
@@ -310,6 +341,8 @@ class Verdict:
                 "baseline": self.baseline,
                 "min_prefill_fraction": self.min_prefill_fraction,
                 "more_gpus": self.more_gpus,
+                "runner_up": self.runner_up,
+                "near_misses": self.near_misses,
                 "text": self.text,
             }
         )
@@ -334,28 +367,63 @@ def verdict(
         long_prompt: The long prompt's length, for the text.
 
     Raises:
-        ValueError: There is no no-chunk row or it has no gaps or throughput to compare with.
+        InvalidArgumentError: There is no no-chunk row or it has no gaps or throughput to compare with.
 
     >>> rows = [
     ...     {"label": "no-chunk", "gpus": 1, "p99_gap_ms": 470.0, "prefill_tok_s": 34000.0},
-    ...     {"label": "chunk-256", "gpus": 1, "p99_gap_ms": 10.0, "prefill_tok_s": 28000.0},
-    ...     {"label": "chunk-512", "gpus": 1, "p99_gap_ms": 19.0, "prefill_tok_s": 31000.0},
+    ...     {"label": "sarathi(chunk=256)", "gpus": 1, "p99_gap_ms": 10.0, "prefill_tok_s": 28000.0},
+    ...     {"label": "sarathi(chunk=512)", "gpus": 1, "p99_gap_ms": 19.0, "prefill_tok_s": 31000.0},
     ... ]
-    >>> verdict(rows).winner["label"]
-    'chunk-512'
+    >>> v = verdict(rows)
+    >>> v.winner["label"], [r["label"] for r in v.near_misses]
+    ('sarathi(chunk=512)', [])
     """
     base = next((r for r in rows if r["label"] == BASELINE), None)
     if base is None or base["p99_gap_ms"] is None or not base["prefill_tok_s"]:
         msg = f"the verdict needs a {BASELINE!r} row with token gaps and prefill throughput"
-        raise ValueError(msg)
+        raise InvalidArgumentError(msg)
     floor = min_prefill_fraction * base["prefill_tok_s"]
     measured = [r for r in rows if r["p99_gap_ms"] is not None and r["prefill_tok_s"] is not None]
     eligible = [r for r in measured if r["gpus"] <= base["gpus"] and r["prefill_tok_s"] >= floor]
-    winner = min(eligible, key=_gap_key)
+    ranked = sorted(eligible, key=_gap_key)
+    winner, runner_up = ranked[0], (ranked[1] if len(ranked) > 1 else None)
     extra = [r for r in measured if r["gpus"] > base["gpus"] and r["p99_gap_ms"] < winner["p99_gap_ms"]]
     more_gpus = min(extra, key=_gap_key) if extra else None
+    near_floor = (min_prefill_fraction - NEAR_MISS) * base["prefill_tok_s"]
+    near = tuple(
+        sorted(
+            (
+                r
+                for r in measured
+                if r["gpus"] <= base["gpus"]
+                and near_floor <= r["prefill_tok_s"] < floor
+                and r["p99_gap_ms"] < winner["p99_gap_ms"]
+            ),
+            key=_gap_key,
+        )
+    )
     text = _verdict_text(winner, base, min_prefill_fraction, more_gpus, long_prompt)
-    return Verdict(winner, base, min_prefill_fraction, more_gpus, text)
+    text += _runner_up_text(winner, runner_up, base) + _near_miss_text(near, base, min_prefill_fraction)
+    return Verdict(winner, base, min_prefill_fraction, more_gpus, text, runner_up, near)
+
+
+def _runner_up_text(winner: Row, runner_up: Row | None, base: Row) -> str:
+    if runner_up is None:
+        return ""
+    margin = (runner_up["p99_gap_ms"] - winner["p99_gap_ms"]) / max(runner_up["p99_gap_ms"], 1e-9)
+    call = f"within noise ({NOISE:.0%}) of each other" if margin < NOISE else f"{margin:.0%} lower for the winner"
+    return (
+        f"\n  Runner-up: {runner_up['label']}, p99 gap {runner_up['p99_gap_ms']:,.1f} ms at "
+        f"{runner_up['prefill_tok_s'] / base['prefill_tok_s']:.0%} prefill throughput ({call})."
+    )
+
+
+def _near_miss_text(near: tuple[Row, ...], base: Row, fraction: float) -> str:
+    return "".join(
+        f"\n  Just under the {fraction:.0%} floor: {r['label']} reaches a p99 gap of {r['p99_gap_ms']:,.1f} ms "
+        f"at {r['prefill_tok_s'] / base['prefill_tok_s']:.1%} prefill throughput."
+        for r in near
+    )
 
 
 def _verdict_text(winner: Row, base: Row, fraction: float, more_gpus: Row | None, long_prompt: int | None) -> str:

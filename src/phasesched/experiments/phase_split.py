@@ -7,7 +7,15 @@ from typing import Any
 
 import attrs
 
-from phasesched.experiments.context import Column, ExperimentContext, Row, json_object
+from phasesched.experiments.bench_keys import vllm_bench_values
+from phasesched.experiments.context import (
+    REPRESENTATIVE_POLICIES,
+    Column,
+    ExperimentContext,
+    Row,
+    json_object,
+    output_losses,
+)
 from phasesched.metrics.summary import RunMetrics
 from phasesched.sim.arrivals import Poisson
 from phasesched.sim.builders import synthetic
@@ -15,6 +23,7 @@ from phasesched.sim.deployment import Disaggregation
 from phasesched.sim.lengths import LogNormal
 from phasesched.sim.simulator import simulate
 from phasesched.sim.workload import Workload
+from phasesched.validators import typed
 
 __all__ = ["TTFT_PHASES", "PhaseSplitConfig", "PhaseSplitResult", "run_phase_split"]
 
@@ -46,15 +55,15 @@ class PhaseSplitConfig:
         aggregated: Also run aggregated replicas with each ratio's GPU count.
     """
 
-    num_requests: int = attrs.field(default=300, validator=attrs.validators.gt(0))
-    rate: float = attrs.field(default=12.0, validator=attrs.validators.gt(0.0))
-    prompt_median: int = attrs.field(default=2048, validator=attrs.validators.gt(0))
-    output_median: int = attrs.field(default=256, validator=attrs.validators.gt(0))
+    num_requests: int = attrs.field(default=300, validator=typed(attrs.validators.gt(0)))
+    rate: float = attrs.field(default=12.0, validator=typed(attrs.validators.gt(0.0)))
+    prompt_median: int = attrs.field(default=2048, validator=typed(attrs.validators.gt(0)))
+    output_median: int = attrs.field(default=256, validator=typed(attrs.validators.gt(0)))
     ratios: tuple[tuple[int, int], ...] = attrs.field(default=((1, 1), (1, 2), (1, 3), (2, 2)), converter=_ratios)
-    link_bandwidth_gbs: float = attrs.field(default=50.0, validator=attrs.validators.gt(0.0))
-    link_latency_s: float = attrs.field(default=20e-6, validator=attrs.validators.ge(0.0))
-    ttft_slo_s: float = attrs.field(default=1.0, validator=attrs.validators.gt(0.0))
-    tpot_slo_s: float = attrs.field(default=0.025, validator=attrs.validators.gt(0.0))
+    link_bandwidth_gbs: float = attrs.field(default=50.0, validator=typed(attrs.validators.gt(0.0)))
+    link_latency_s: float = attrs.field(default=20e-6, validator=typed(attrs.validators.ge(0.0)))
+    ttft_slo_s: float = attrs.field(default=1.0, validator=typed(attrs.validators.gt(0.0)))
+    tpot_slo_s: float = attrs.field(default=0.025, validator=typed(attrs.validators.gt(0.0)))
     aggregated: bool = True
 
     @classmethod
@@ -153,6 +162,8 @@ def _row(policy: str, layout: _Layout, gpus: int, metrics: RunMetrics) -> Row:
         "output_tok_s_per_gpu": metrics["output_throughput"] / gpus,
         "total_tok_s_per_gpu": metrics["total_token_throughput"] / gpus,
         "goodput_per_gpu": metrics["request_goodput"] / gpus,
+        **vllm_bench_values(metrics, with_slo=True),
+        **output_losses(metrics),
     }
 
 
@@ -167,32 +178,39 @@ def run_phase_split(context: ExperimentContext, config: PhaseSplitConfig | None 
     configurations of different sizes comparable.
 
     Args:
-        context: Deployment, policies (default ``vllm``), seed and progress.
+        context: Deployment, policies (default :data:`~phasesched.experiments.context.REPRESENTATIVE_POLICIES`), seed,
+            progress and backend.
         config: Sizes; :class:`PhaseSplitConfig` defaults when omitted.
     """
     config = config or PhaseSplitConfig()
     started = time.perf_counter()
     workload = config.workload(context.seed)
-    policies = context.policy_names(("vllm",))
+    policies = context.policy_names(REPRESENTATIVE_POLICIES)
     layouts = _layouts(config)
+    detached = context.detached()
+    tasks = [(detached, name, layout, workload, config) for name in policies for layout in layouts]
     rows: list[Row] = []
     budgets: dict[str, dict[str, float]] = {}
-    for name in policies:
-        policy = context.load(name)
-        for layout in layouts:
-            metrics = simulate(
-                workload,
-                policy,
-                context.deployment,
-                replicas=layout.replicas,
-                disaggregation=layout.disaggregation,
-                ttft_slo_s=config.ttft_slo_s,
-                tpot_slo_s=config.tpot_slo_s,
-            ).metrics
-            row = _row(name, layout, layout.workers * context.deployment.tensor_parallel, metrics)
-            if len(policies) > 1:
-                row["label"] = f"{name} {layout.label}"
-            rows.append(row)
-            budgets[row["label"]] = {phase: metrics[f"mean_{phase}_ms"] for phase in TTFT_PHASES}
-            context.report("phase split", len(rows), len(policies) * len(layouts))
+    for row, budget in context.map("phase split", _serve, tasks):
+        if len(policies) > 1:
+            row["label"] = f"{row['policy']} {row['label']}"
+        rows.append(row)
+        budgets[row["label"]] = budget
     return PhaseSplitResult(config, policies, tuple(rows), budgets, time.perf_counter() - started)
+
+
+def _serve(
+    context: ExperimentContext, name: str, layout: _Layout, workload: Workload, config: PhaseSplitConfig
+) -> tuple[Row, dict[str, float]]:
+    """One policy on one layout: its row and TTFT budget (a task for :meth:`ExperimentContext.map`)."""
+    metrics = simulate(
+        workload,
+        context.load(name),
+        context.deployment,
+        replicas=layout.replicas,
+        disaggregation=layout.disaggregation,
+        ttft_slo_s=config.ttft_slo_s,
+        tpot_slo_s=config.tpot_slo_s,
+    ).metrics
+    row = _row(name, layout, layout.workers * context.deployment.tensor_parallel, metrics)
+    return row, {phase: metrics[f"mean_{phase}_ms"] for phase in TTFT_PHASES}

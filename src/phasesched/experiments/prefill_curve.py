@@ -8,9 +8,11 @@ from typing import Any
 
 import attrs
 
+from phasesched.errors import InvalidArgumentError
 from phasesched.experiments.context import Column, ExperimentContext, Row, json_object, ms
 from phasesched.sim.builders import fixed
 from phasesched.sim.simulator import simulate
+from phasesched.validators import typed
 
 __all__ = ["PrefillCurveConfig", "PrefillCurveResult", "run_prefill_curve"]
 
@@ -33,7 +35,7 @@ class PrefillCurveConfig:
     prompt_lens: tuple[int, ...] = attrs.field(
         default=(128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768), converter=_lengths
     )
-    batch_size: int = attrs.field(default=8, validator=attrs.validators.gt(0))
+    batch_size: int = attrs.field(default=8, validator=typed(attrs.validators.gt(0)))
 
     @classmethod
     def quick(cls) -> PrefillCurveConfig:
@@ -89,11 +91,11 @@ def run_prefill_curve(context: ExperimentContext, config: PrefillCurveConfig | N
     (attention is quadratic) and where the GPU saturates.
 
     Args:
-        context: Deployment, policies (default ``vllm``), seed and progress.
+        context: Deployment, policies (default: every registered one, less aliases), seed and progress.
         config: Sizes; :class:`PrefillCurveConfig` defaults when omitted.
 
     Raises:
-        ValueError: A prompt length exceeds the deployment's ``max_model_len``.
+        InvalidArgumentError: A prompt length exceeds the deployment's ``max_model_len``.
 
     >>> result = run_prefill_curve(ExperimentContext(), PrefillCurveConfig((1024,), batch_size=1))
     >>> round(result.rows[0]["mean_ttft_ms"])    # one 1K prompt on H200 + Llama-3-8B
@@ -103,9 +105,9 @@ def run_prefill_curve(context: ExperimentContext, config: PrefillCurveConfig | N
     too_long = [n for n in config.prompt_lens if n > context.deployment.max_model_len]
     if too_long:
         msg = f"prompt lengths {too_long} exceed max_model_len={context.deployment.max_model_len}"
-        raise ValueError(msg)
+        raise InvalidArgumentError(msg)
     started = time.perf_counter()
-    policies = context.policy_names(("vllm",))
+    policies = context.policy_names()
     total = len(policies) * len(config.prompt_lens)
     rows: list[Row] = []
     for name in policies:

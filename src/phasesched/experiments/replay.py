@@ -8,11 +8,21 @@ from typing import Any
 import attrs
 import numpy as np
 
-from phasesched.experiments.context import CDF_QUANTILES, Column, ExperimentContext, Row, json_object
+from phasesched.errors import InvalidArgumentError
+from phasesched.experiments.bench_keys import vllm_bench_values
+from phasesched.experiments.context import (
+    CDF_QUANTILES,
+    Column,
+    ExperimentContext,
+    Row,
+    json_object,
+    output_losses,
+)
 from phasesched.sim.simulator import simulate
 from phasesched.sim.workload import Workload
+from phasesched.validators import typed
 
-__all__ = ["DEFAULT_POLICIES", "ReplayConfig", "ReplayResult", "prepare_trace", "run_replay"]
+__all__ = ["DEFAULT_POLICIES", "ReplayConfig", "ReplayResult", "clipped_prompt_tokens", "prepare_trace", "run_replay"]
 
 DEFAULT_POLICIES = ("vllm", "sarathi", "sglang", "no-chunk")
 """Compared when the context names no policies — the presets with distinct prefill/decode rules."""
@@ -32,7 +42,7 @@ class ReplayConfig:
 
     trace: Workload
     rate: float | None = None
-    limit: int | None = attrs.field(default=None, validator=attrs.validators.optional(attrs.validators.gt(0)))
+    limit: int | None = attrs.field(default=None, validator=typed(attrs.validators.optional(attrs.validators.gt(0))))
     ttft_slo_s: float | None = None
     tpot_slo_s: float | None = None
 
@@ -56,6 +66,7 @@ class ReplayResult:
         config: What was replayed.
         workload: The workload actually served (limited, rescaled, prompts clipped).
         clipped: Requests whose prompt was cut to fit the deployment's ``max_model_len``.
+        clipped_tokens: The prompt tokens those cuts removed.
         policies: Policy names, in row order.
         rows: One per policy.
         cdf_ms: Per policy, ``{"ttft": [...], "itl": [...]}``: milliseconds at percentiles 0..100.
@@ -69,13 +80,17 @@ class ReplayResult:
     rows: tuple[Row, ...]
     cdf_ms: dict[str, dict[str, list[float]]]
     wall_s: float
+    clipped_tokens: int = 0
     name: str = "replay"
 
     @property
     def title(self) -> str:
         """The table heading, naming the trace and rate."""
         rate = self.workload.rate
-        return f"Replay of {self.workload.name}: {len(self.workload):,} requests at {rate:,.2f} req/s"
+        title = f"Replay of {self.workload.name}: {len(self.workload):,} requests at {rate:,.2f} req/s"
+        if self.clipped:
+            title += f" ({self.clipped:,} prompts clipped to fit, {self.clipped_tokens:,} prompt tokens cut)"
+        return title
 
     @property
     def columns(self) -> tuple[Column, ...]:
@@ -92,6 +107,7 @@ class ReplayResult:
             Column("input_tok_s", "prompt tok/s", ",.0f"),
             Column("output_tok_s", "gen tok/s", ",.0f"),
             Column("preemptions", "preempt", ",d"),
+            Column("truncated_outputs", "cut outputs", ",d"),
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -103,6 +119,7 @@ class ReplayResult:
                 "served_requests": len(self.workload),
                 "served_rate": self.workload.rate,
                 "clipped_prompts": self.clipped,
+                "clipped_prompt_tokens": self.clipped_tokens,
                 "rows": self.rows,
                 "cdf_ms": self.cdf_ms,
             }
@@ -123,6 +140,11 @@ def prepare_trace(config: ReplayConfig, max_model_len: int) -> tuple[Workload, i
     return workload.clip_lengths(max_prompt=max_model_len - 1), clipped
 
 
+def clipped_prompt_tokens(workload: Workload, max_model_len: int) -> int:
+    """Prompt tokens :func:`prepare_trace` cuts from ``workload`` to fit ``max_model_len``."""
+    return int(np.maximum(workload.prompt_len - (max_model_len - 1), 0).sum())
+
+
 def run_replay(context: ExperimentContext, config: ReplayConfig) -> ReplayResult:
     """Replay a trace through each policy.
 
@@ -136,13 +158,13 @@ def run_replay(context: ExperimentContext, config: ReplayConfig) -> ReplayResult
         config: The trace and how to replay it.
 
     Raises:
-        ValueError: The trace is empty, or ``rate`` is given for a trace without one.
+        InvalidArgumentError: The trace is empty, or ``rate`` is given for a trace without one.
     """
     started = time.perf_counter()
     workload, clipped = prepare_trace(config, context.deployment.max_model_len)
     if len(workload) == 0:
         msg = f"trace {config.trace.name!r} has no requests to replay"
-        raise ValueError(msg)
+        raise InvalidArgumentError(msg)
     policies = context.policy_names(DEFAULT_POLICIES)
     rows: list[Row] = []
     cdfs: dict[str, dict[str, list[float]]] = {}
@@ -171,13 +193,16 @@ def run_replay(context: ExperimentContext, config: ReplayConfig) -> ReplayResult
                 "mean_e2el_ms": metrics["mean_e2el_ms"],
                 "input_tok_s": metrics["input_throughput"],
                 "output_tok_s": metrics["output_throughput"],
-                "request_goodput": metrics["request_goodput"],
                 "preemptions": metrics["num_preemptions"],
+                **output_losses(metrics),
                 "sim_wall_s": result.wall_s,
+                **vllm_bench_values(metrics, with_slo=config.ttft_slo_s is not None or config.tpot_slo_s is not None),
             }
         )
         cdfs[name] = {
             key: [float(v) * 1e3 for v in metrics.distributions[key].percentiles(CDF_QUANTILES)]
             for key in ("ttft", "itl")
         }
-    return ReplayResult(config, workload, clipped, policies, tuple(rows), cdfs, time.perf_counter() - started)
+    served = config.trace if config.limit is None else config.trace.head(config.limit)
+    cut = clipped_prompt_tokens(served, context.deployment.max_model_len)
+    return ReplayResult(config, workload, clipped, policies, tuple(rows), cdfs, time.perf_counter() - started, cut)

@@ -22,6 +22,7 @@ from collections.abc import Callable
 
 import attrs
 
+from phasesched.errors import InvalidArgumentError
 from phasesched.experiments.context import ExperimentContext, ExperimentResult
 from phasesched.experiments.decode_curve import DecodeCurveConfig, run_decode_curve
 from phasesched.experiments.grid import GridConfig, run_grid
@@ -31,6 +32,7 @@ from phasesched.experiments.prefill_curve import PrefillCurveConfig, run_prefill
 from phasesched.experiments.prefix_cache import PrefixCacheConfig, run_prefix_cache
 from phasesched.experiments.replay import ReplayConfig, run_replay
 from phasesched.sim.workload import Workload
+from phasesched.slo import SLO
 
 __all__ = ["EXPERIMENTS", "QUICK_REPLAY_LIMIT", "SUITE", "SuiteOptions", "run_experiment", "suite_names"]
 
@@ -54,28 +56,30 @@ class SuiteOptions:
         rate: Arrival rate (req/s) for the phase split's Poisson workload and for a replay.
         trace: The workload a replay serves.
         limit: Replay only the first ``limit`` requests of the trace.
+        slo: Goodput's targets in the phase split and the replay (``--slo``), instead of their defaults.
     """
 
     quick: bool = False
     rate: float | None = None
     trace: Workload | None = None
     limit: int | None = None
+    slo: SLO | None = None
 
 
 def suite_names(experiment: str | None, options: SuiteOptions) -> tuple[str, ...]:
     """The experiments to run: ``experiment`` alone, or the suite (with ``replay`` if there is a trace).
 
     Raises:
-        ValueError: An unknown name, or ``replay`` without a trace.
+        InvalidArgumentError: An unknown name, or ``replay`` without a trace.
     """
     if experiment is None:
         return SUITE + (("replay",) if options.trace is not None else ())
     if experiment not in EXPERIMENTS:
         msg = f"no experiment named {experiment!r}; known: {', '.join(EXPERIMENTS)}"
-        raise ValueError(msg)
+        raise InvalidArgumentError(msg)
     if experiment == "replay" and options.trace is None:
         msg = "the replay experiment needs a trace"
-        raise ValueError(msg)
+        raise InvalidArgumentError(msg)
     return (experiment,)
 
 
@@ -95,6 +99,8 @@ def _phase_split(context: ExperimentContext, options: SuiteOptions) -> Experimen
     config = PhaseSplitConfig.quick() if options.quick else PhaseSplitConfig()
     if options.rate is not None:
         config = attrs.evolve(config, rate=options.rate)
+    if options.slo is not None:  # the per-request targets; run-level ones are judged on the rows
+        config = attrs.evolve(config, ttft_slo_s=options.slo.ttft_s or 3600.0, tpot_slo_s=options.slo.tpot_s or 3600.0)
     return run_phase_split(context, config)
 
 
@@ -105,9 +111,11 @@ def _grid(context: ExperimentContext, options: SuiteOptions) -> ExperimentResult
 def _replay(context: ExperimentContext, options: SuiteOptions) -> ExperimentResult:
     if options.trace is None:
         msg = "the replay experiment needs a trace"
-        raise ValueError(msg)
+        raise InvalidArgumentError(msg)
     limit = options.limit if options.limit is not None or not options.quick else QUICK_REPLAY_LIMIT
-    return run_replay(context, ReplayConfig(options.trace, rate=options.rate, limit=limit))
+    slo = options.slo
+    targets = {} if slo is None else {"ttft_slo_s": slo.ttft_s, "tpot_slo_s": slo.tpot_s}
+    return run_replay(context, ReplayConfig(options.trace, rate=options.rate, limit=limit, **targets))
 
 
 def _prefix_cache(context: ExperimentContext, options: SuiteOptions) -> ExperimentResult:
@@ -132,7 +140,7 @@ def run_experiment(name: str, context: ExperimentContext, options: SuiteOptions 
     """Run the experiment called ``name`` (one of :data:`EXPERIMENTS`).
 
     Raises:
-        ValueError: An unknown name, or ``replay`` without a trace.
+        InvalidArgumentError: An unknown name, or ``replay`` without a trace.
 
     >>> run_experiment("prefill", ExperimentContext(), SuiteOptions(quick=True)).name
     'prefill_curve'
@@ -140,5 +148,5 @@ def run_experiment(name: str, context: ExperimentContext, options: SuiteOptions 
     runner = _RUNNERS.get(name)
     if runner is None:
         msg = f"no experiment named {name!r}; known: {', '.join(EXPERIMENTS)}"
-        raise ValueError(msg)
+        raise InvalidArgumentError(msg)
     return runner(context, options or SuiteOptions())

@@ -27,13 +27,14 @@ import numpy as np
 from numpy.typing import NDArray
 
 from phasesched.metrics.distribution import Distribution
+from phasesched.request import FinishReason
 
 if TYPE_CHECKING:
     from phasesched.decode_run import DecodeRun
     from phasesched.metrics.summary import RunCounters
     from phasesched.plan import StepPlan
     from phasesched.request import Request
-    from phasesched.scheduler import StepOutcome
+    from phasesched.scheduler import FinishedRequest, StepOutcome
 
 __all__ = [
     "BUDGET_PHASES",
@@ -145,6 +146,8 @@ class _Timeline:
     arrival: float
     prompt_len: int
     last_accounted: float
+    requested: int = 0
+    """Tokens it asked for (``max_new_tokens``)."""
     scheduled: bool = False
     first_token: float = float("nan")
     tokens: int = 0
@@ -185,6 +188,8 @@ class MetricsRecorder:
         self.input_tokens = 0
         self.output_tokens = 0
         self.preemptions = 0
+        self.truncated = 0
+        self.truncated_tokens = 0
         self.failed = 0
         self.errors: list[str] = []
         self._live: dict[str, _Timeline] = {}
@@ -196,7 +201,9 @@ class MetricsRecorder:
 
     def arrive(self, request: Request, time: float) -> None:
         """A request entered the system at ``time``."""
-        self._live[request.request_id] = _Timeline(request.request_id, time, request.prompt_len, time)
+        self._live[request.request_id] = _Timeline(
+            request.request_id, time, request.prompt_len, time, requested=request.max_new_tokens
+        )
         if request.slo is not None:
             self._slos[request.request_id] = (request.slo.ttft_s, request.slo.tpot_s)
 
@@ -231,6 +238,8 @@ class MetricsRecorder:
             distributions=self.distributions,
             failed=self.failed,
             errors=tuple(self.errors),
+            truncated=self.truncated,
+            truncated_tokens=self.truncated_tokens,
         )
 
     def gap_log(self) -> GapLog | None:
@@ -263,8 +272,12 @@ class MetricsRecorder:
     def _timeline(self, request_id: str) -> _Timeline:
         return self._live[request_id]
 
-    def _finish(self, timeline: _Timeline, end: float) -> None:
+    def _finish(self, timeline: _Timeline, end: float, reason: FinishReason) -> None:
+        """Fold a finished request into the totals; stopped by length short of its ask, the context cut it."""
         del self._live[timeline.request_id]
+        if reason is FinishReason.LENGTH and timeline.tokens < timeline.requested:
+            self.truncated += 1
+            self.truncated_tokens += timeline.requested - timeline.tokens
         ttft = timeline.first_token - timeline.arrival
         e2el = end - timeline.arrival
         tpot = (e2el - ttft) / (timeline.tokens - 1) if timeline.tokens > 1 else float("nan")
@@ -335,10 +348,10 @@ class WorkerRecorder:
             self._decode_tokens(slots[decoding], end)
         for i in np.flatnonzero(~has_first).tolist():
             self._early_slice(int(slots[i]), sampled=bool(sampled[i]), start=start, end=end)
-        return self._leave((f.request_id for f in outcome.finished), end)
+        return self._leave(outcome.finished, end)
 
     def on_decode_run(
-        self, run: DecodeRun, start: float, ends: NDArray[np.float64], finished: Iterable[str] = ()
+        self, run: DecodeRun, start: float, ends: NDArray[np.float64], finished: Iterable[FinishedRequest] = ()
     ) -> list[str]:
         """Record ``len(ends)`` steps of ``run`` taken at once from ``start``; step ``j`` ended at ``ends[j]``.
 
@@ -421,13 +434,13 @@ class WorkerRecorder:
         self._has_first[slot] = False
         return timeline
 
-    def _leave(self, request_ids: Iterable[str], end: float) -> list[str]:
+    def _leave(self, finished: Iterable[FinishedRequest], end: float) -> list[str]:
         left = []
-        for request_id in request_ids:
-            timeline = self._unload(request_id)
+        for request in finished:
+            timeline = self._unload(request.request_id)
             if self.role is not Role.PREFILL:
-                self.parent._finish(timeline, end)  # noqa: SLF001 -- one recorder family
-            left.append(request_id)
+                self.parent._finish(timeline, end, request.reason)  # noqa: SLF001 -- one recorder family
+            left.append(request.request_id)
         return left
 
     def _ensure(self, slot: int) -> None:

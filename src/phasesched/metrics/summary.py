@@ -29,6 +29,10 @@ class RunCounters:
     distributions: dict[str, Distribution]
     failed: int = 0
     errors: tuple[str, ...] = ()
+    truncated: int = 0
+    """Completed requests whose output the context limit cut short of ``max_new_tokens``."""
+    truncated_tokens: int = 0
+    """Output tokens those requests asked for and did not get."""
 
 
 @attrs.frozen(eq=False)
@@ -71,7 +75,9 @@ def summarize(
     Keys: ``duration``, ``completed``, ``failed`` (requests rejected as unservable, counted in
     nothing else), ``total_input_tokens``, ``total_output_tokens``,
     ``request_throughput``, ``request_goodput``, ``input_throughput`` (prompt tokens/s),
-    ``output_throughput`` (generated tokens/s), ``total_token_throughput``, ``num_preemptions``;
+    ``output_throughput`` (generated tokens/s), ``total_token_throughput``, ``num_preemptions``,
+    ``truncated_outputs`` (completed requests whose output was cut short of ``max_new_tokens``
+    to fit ``max_model_len``) and ``truncated_output_tokens`` (the output tokens they lost);
     for each of ``ttft``, ``tpot``, ``itl``, ``e2el``: ``mean_``, ``std_``, ``median_``,
     ``p90_``, ``p95_``, ``p99_`` and ``max_`` + name + ``_ms``; and the mean latency budget
     per request, ``mean_<phase>_ms`` for each phase of
@@ -90,6 +96,8 @@ def summarize(
         "output_throughput": counters.output_tokens * per_second,
         "total_token_throughput": (counters.input_tokens + counters.output_tokens) * per_second,
         "num_preemptions": counters.preemptions,
+        "truncated_outputs": counters.truncated,
+        "truncated_output_tokens": counters.truncated_tokens,
     }
     for name, distribution in counters.distributions.items():
         stats = distribution.summary(scale=1e3, percentiles=PERCENTILES)

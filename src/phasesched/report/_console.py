@@ -14,7 +14,7 @@ from typing import Any, TextIO
 from typing_extensions import Self
 
 from phasesched.experiments.context import ExperimentResult
-from phasesched.report._tables import format_table, print_table, rich_available
+from phasesched.report._tables import format_table, loss_note, print_table, rich_available
 
 __all__ = ["TerminalUI"]
 
@@ -65,13 +65,15 @@ class TerminalUI:
             del self._tasks[task]
 
     def table(self, result: ExperimentResult) -> None:
-        """Show ``result``'s table (nothing when quiet)."""
-        if self.quiet:
-            return
-        if self._console is not None:
-            print_table(result, console=self._console)
-        else:
-            print(format_table(result), file=self.stream, end="\n\n")
+        """Show ``result``'s table (nothing when quiet), then what it lost, if anything (even when quiet)."""
+        if not self.quiet:
+            if self._console is not None:
+                print_table(result, console=self._console)
+            else:
+                print(format_table(result), file=self.stream, end="\n\n")
+        note = loss_note(result)
+        if note is not None:
+            self.message(f"Note: {note}", always=True)
 
     def message(self, text: str, *, always: bool = False) -> None:
         """Print ``text`` as it is (no markup); when quiet, only if ``always``."""

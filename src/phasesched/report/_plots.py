@@ -28,6 +28,7 @@ __all__ = [
     "plot_decode_curve",
     "plot_gap_cdf",
     "plot_latency_budgets",
+    "plot_phase_split",
     "plot_prefill_curve",
     "plot_replay_cdfs",
     "require_plotting",
@@ -62,10 +63,29 @@ def _figure(ncols: int = 1) -> tuple[Any, list[Any]]:
     return figure, list(axes)
 
 
-def _save(figure: Any, path: str | os.PathLike[str]) -> Path:
+def _save(figure: Any, path: str | os.PathLike[str], subtitle: str = "") -> Path:
+    """Save as PNG; ``subtitle`` (what was simulated: hardware, model, TP, cost model) goes on top."""
+    if subtitle:
+        figure.suptitle(subtitle, fontsize="small", color="dimgray")
     path = Path(path)
     figure.savefig(path, format="png", dpi=110)
     return path
+
+
+_LINESTYLES = ("-", "--", "-.", ":")
+_MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*")
+
+
+def _styles(names: Sequence[str]) -> dict[str, dict[str, Any]]:
+    """A distinct colour, line style and marker per policy, stable in the given order."""
+    return {
+        name: {
+            "color": f"C{i % 10}",
+            "linestyle": _LINESTYLES[i % len(_LINESTYLES)],
+            "marker": _MARKERS[i % len(_MARKERS)],
+        }
+        for i, name in enumerate(dict.fromkeys(names))
+    }
 
 
 def _by_policy(rows: Sequence[Row]) -> dict[str, list[Row]]:
@@ -94,19 +114,19 @@ def _log2_axis(axis: Any, values: Sequence[int]) -> None:
     axis.minorticks_off()
 
 
-def plot_prefill_curve(result: PrefillCurveResult, path: str | os.PathLike[str]) -> Path:
+def plot_prefill_curve(result: PrefillCurveResult, path: str | os.PathLike[str], *, subtitle: str = "") -> Path:
     """TTFT (first and last of the batch) and prefill tokens/s against prompt length, one line per policy."""
     figure, (ttft, rate) = _figure(2)
+    styles = _styles([str(r["policy"]) for r in result.rows])
     for policy, rows in _by_policy(result.rows).items():
-        line = ttft.plot(*_xy(rows, "prompt_len", "first_ttft_ms"), marker="o", label=f"{policy}: first")[0]
+        style = styles[policy]
+        ttft.plot(*_xy(rows, "prompt_len", "first_ttft_ms"), **style, label=f"{policy}: first")
         ttft.plot(
             *_xy(rows, "prompt_len", "max_ttft_ms"),
-            marker="s",
-            linestyle="--",
-            color=line.get_color(),
+            **{**style, "alpha": 0.5},
             label=f"{policy}: last of {result.config.batch_size}",
         )
-        rate.plot(*_xy(rows, "prompt_len", "prefill_tok_s"), marker="o", label=policy)
+        rate.plot(*_xy(rows, "prompt_len", "prefill_tok_s"), **style, label=policy)
     ttft.set(yscale="log", xlabel="prompt tokens", ylabel="TTFT (ms)", title="Time to first token")
     rate.set(xlabel="prompt tokens", ylabel="prefill tokens/s", title="Prefill throughput")
     rate.set_ylim(bottom=0)
@@ -114,10 +134,10 @@ def plot_prefill_curve(result: PrefillCurveResult, path: str | os.PathLike[str])
         _log2_axis(axis, [int(r["prompt_len"]) for r in result.rows])
         axis.grid(visible=True, which="both", alpha=0.3)
         axis.legend(fontsize="small")
-    return _save(figure, path)
+    return _save(figure, path, subtitle)
 
 
-def plot_decode_curve(result: DecodeCurveResult, path: str | os.PathLike[str]) -> Path:
+def plot_decode_curve(result: DecodeCurveResult, path: str | os.PathLike[str], *, subtitle: str = "") -> Path:
     """Mean and p99 inter-token latency, and decode tokens/s, against active sequences."""
     figure, (itl, rate) = _figure(2)
     for policy, rows in _by_policy(result.rows).items():
@@ -141,19 +161,21 @@ def plot_decode_curve(result: DecodeCurveResult, path: str | os.PathLike[str]) -
         axis.set_ylim(bottom=0)
         axis.grid(visible=True, which="both", alpha=0.3)
         axis.legend(fontsize="small")
-    return _save(figure, path)
+    return _save(figure, path, subtitle)
 
 
-def plot_gap_cdf(result: MixedLoadResult, path: str | os.PathLike[str]) -> Path:
+def plot_gap_cdf(result: MixedLoadResult, path: str | os.PathLike[str], *, subtitle: str = "") -> Path:
     """The CDF of token gaps during the long prompt's prefill, one curve per configuration."""
     figure, (axis,) = _figure(1)
     figure.set_size_inches(8.0, 4.8)
+    styles = _styles(list(result.window_gaps_s))
     for label, gaps in result.window_gaps_s.items():
         if gaps.size == 0:
             continue
         values = np.maximum(np.sort(gaps) * 1e3, _GAP_FLOOR_MS)
         fractions = np.arange(1, values.size + 1) / values.size
-        axis.step(values, fractions, where="post", label=label)
+        style = {k: v for k, v in styles[label].items() if k != "marker"}
+        axis.step(values, fractions, where="post", label=label, **style)
     axis.set(
         xscale="log",
         xlabel="token gap (ms)",
@@ -164,7 +186,7 @@ def plot_gap_cdf(result: MixedLoadResult, path: str | os.PathLike[str]) -> Path:
     )
     axis.grid(visible=True, which="both", alpha=0.3)
     axis.legend(fontsize="small", loc="lower right")
-    return _save(figure, path)
+    return _save(figure, path, subtitle)
 
 
 def plot_latency_budgets(
@@ -173,6 +195,7 @@ def plot_latency_budgets(
     *,
     title: str,
     phases: Sequence[str] = BUDGET_PHASES,
+    subtitle: str = "",
 ) -> Path:
     """Stacked horizontal bars: where each configuration's latency went, phase by phase (ms)."""
     figure, (axis,) = _figure(1)
@@ -188,19 +211,21 @@ def plot_latency_budgets(
     axis.set(xlabel="milliseconds", title=title)
     axis.grid(visible=True, axis="x", alpha=0.3)
     figure.legend(fontsize="small", loc="outside right upper")
-    return _save(figure, path)
+    return _save(figure, path, subtitle)
 
 
-def plot_replay_cdfs(result: ReplayResult, path: str | os.PathLike[str]) -> Path:
+def plot_replay_cdfs(result: ReplayResult, path: str | os.PathLike[str], *, subtitle: str = "") -> Path:
     """TTFT and inter-token-latency CDFs of a replay, one curve per policy."""
     figure, axes = _figure(2)
     fractions = CDF_QUANTILES / 100.0
+    styles = _styles(list(result.cdf_ms))
     for axis, key, label in zip(axes, ("ttft", "itl"), ("TTFT", "inter-token latency"), strict=True):
         for policy, cdfs in result.cdf_ms.items():
             values = np.array(cdfs[key], dtype=np.float64)
             finite = np.isfinite(values)
             if np.any(finite):
-                axis.plot(np.maximum(values[finite], _GAP_FLOOR_MS), fractions[finite], label=policy)
+                style = {k: v for k, v in styles[policy].items() if k != "marker"}
+                axis.plot(np.maximum(values[finite], _GAP_FLOOR_MS), fractions[finite], **style, label=policy)
         axis.set(
             xscale="log",
             xlabel=f"{label} (ms)",
@@ -210,11 +235,30 @@ def plot_replay_cdfs(result: ReplayResult, path: str | os.PathLike[str]) -> Path
         )
         axis.grid(visible=True, which="both", alpha=0.3)
         axis.legend(fontsize="small")
-    return _save(figure, path)
+    return _save(figure, path, subtitle)
 
 
-def write_figures(results: Sequence[ExperimentResult], out_dir: str | os.PathLike[str]) -> list[Path]:
+def plot_phase_split(result: PhaseSplitResult, path: str | os.PathLike[str], *, subtitle: str = "") -> Path:
+    """p99 TTFT and p99 ITL per configuration side by side: what a split buys on one side and costs on the other."""
+    figure, (ttft, itl) = _figure(2)
+    labels = [str(r["label"]) for r in result.rows]
+    figure.set_size_inches(12.0, 1.4 + 0.4 * max(len(labels), 1))
+    colours = ["C0" if r["kind"] == "disaggregated" else "C1" for r in result.rows]
+    for axis, key, name in ((ttft, "p99_ttft_ms", "p99 TTFT"), (itl, "p99_itl_ms", "p99 ITL")):
+        axis.barh(labels, [r[key] or 0.0 for r in result.rows], color=colours)
+        axis.set(xscale="log", xlabel=f"{name} (ms)", title=f"{name}: disaggregated (blue) vs aggregated (orange)")
+        axis.invert_yaxis()
+        axis.grid(visible=True, axis="x", which="both", alpha=0.3)
+    itl.set_yticklabels([])
+    return _save(figure, path, subtitle)
+
+
+def write_figures(
+    results: Sequence[ExperimentResult], out_dir: str | os.PathLike[str], *, subtitle: str = ""
+) -> list[Path]:
     """Draw every figure the results support into ``out_dir``; return the files written.
+
+    ``subtitle`` goes on every figure: what was simulated (hardware, model, TP, cost model).
 
     Raises:
         MissingExtraError: matplotlib is not installed.
@@ -223,18 +267,21 @@ def write_figures(results: Sequence[ExperimentResult], out_dir: str | os.PathLik
     paths: list[Path] = []
     for result in results:
         if isinstance(result, PrefillCurveResult):
-            paths.append(plot_prefill_curve(result, out / "prefill_curve.png"))
+            paths.append(plot_prefill_curve(result, out / "prefill_curve.png", subtitle=subtitle))
         elif isinstance(result, DecodeCurveResult):
-            paths.append(plot_decode_curve(result, out / "decode_curve.png"))
+            paths.append(plot_decode_curve(result, out / "decode_curve.png", subtitle=subtitle))
         elif isinstance(result, MixedLoadResult):
-            paths.append(plot_gap_cdf(result, out / "mixed_load_gap_cdf.png"))
+            paths.append(plot_gap_cdf(result, out / "mixed_load_gap_cdf.png", subtitle=subtitle))
             title = f"Latency budget of the {result.config.long_prompt:,}-token request"
-            paths.append(plot_latency_budgets(result.budgets_ms, out / "mixed_load_budget.png", title=title))
+            budget = out / "mixed_load_budget.png"
+            paths.append(plot_latency_budgets(result.budgets_ms, budget, title=title, subtitle=subtitle))
         elif isinstance(result, PhaseSplitResult):
             title = "Mean TTFT budget per request: disaggregated vs aggregated"
+            budget = out / "phase_split_budget.png"
             paths.append(
-                plot_latency_budgets(result.budgets_ms, out / "phase_split_budget.png", title=title, phases=TTFT_PHASES)
+                plot_latency_budgets(result.budgets_ms, budget, title=title, phases=TTFT_PHASES, subtitle=subtitle)
             )
+            paths.append(plot_phase_split(result, out / "phase_split_latency.png", subtitle=subtitle))
         elif isinstance(result, ReplayResult):
-            paths.append(plot_replay_cdfs(result, out / "replay_cdf.png"))
+            paths.append(plot_replay_cdfs(result, out / "replay_cdf.png", subtitle=subtitle))
     return paths

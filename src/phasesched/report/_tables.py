@@ -8,7 +8,7 @@ from typing import Any, TextIO
 
 from phasesched.experiments.context import Column, ExperimentResult
 
-__all__ = ["format_cell", "format_table", "print_table", "rich_available"]
+__all__ = ["format_cell", "format_table", "loss_note", "print_table", "rich_available"]
 
 
 def rich_available() -> bool:
@@ -32,6 +32,23 @@ def format_cell(value: Any, column: Column) -> str:
         return format(value, column.fmt)
     except (TypeError, ValueError):
         return str(value)
+
+
+def loss_note(result: ExperimentResult) -> str | None:
+    """A line naming the rows whose outputs the context limit cut short, or ``None`` if none were.
+
+    Rows carry ``truncated_outputs`` and ``truncated_output_tokens``
+    (:func:`~phasesched.experiments.context.output_losses`); a table may not show them, so the
+    note says it under every table where something was lost.
+    """
+    cut = [row for row in result.rows if row.get("truncated_outputs")]
+    if not cut:
+        return None
+    parts = []
+    for row in cut:
+        name = row.get("label") or row.get("policy") or "?"
+        parts.append(f"{name}: {row['truncated_outputs']:,} requests, {row['truncated_output_tokens']:,} tokens")
+    return "Outputs cut short to fit max_model_len (" + "; ".join(parts) + ")"
 
 
 def _cells(result: ExperimentResult) -> list[list[str]]:

@@ -17,6 +17,7 @@ from phasesched.sim.closed_loop import grid_points as grid_points
 from phasesched.sim.deployment import Deployment as Deployment
 from phasesched.sim.deployment import Disaggregation as Disaggregation
 from phasesched.sim.executor import SimulatedExecutor as SimulatedExecutor
+from phasesched.sim.guards import SimulationError as SimulationError
 from phasesched.sim.lengths import Empirical as Empirical
 from phasesched.sim.lengths import Fixed as Fixed
 from phasesched.sim.lengths import LengthDist as LengthDist
@@ -58,6 +59,7 @@ __all__ = [
     "SharedPrefixes",
     "SimResult",
     "SimulatedExecutor",
+    "SimulationError",
     "Simulator",
     "TraceFormat",
     "TraceFormatError",

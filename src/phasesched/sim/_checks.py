@@ -1,7 +1,9 @@
 """Argument checks shared by workloads, length distributions, arrival processes and builders.
 
-Each raises ``ValueError`` with a message naming the argument, so every constructor in
-:mod:`phasesched.sim` rejects bad input the same way. The column converters return read-only
+Each raises :class:`~phasesched.errors.InvalidArgumentError` (a ``ValueError``; a wrong type
+raises its subclass :class:`~phasesched.errors.InvalidTypeError`, also a ``TypeError``) with a
+message naming the argument, so every constructor in :mod:`phasesched.sim` rejects bad input
+the same way. The column converters return read-only
 copies: a :class:`~phasesched.sim.workload.Workload` (or an
 :class:`~phasesched.sim.lengths.Empirical`) can then be shared without defensive copies.
 """
@@ -14,6 +16,8 @@ import operator
 import attrs
 import numpy as np
 from numpy.typing import NDArray
+
+from phasesched.errors import InvalidArgumentError, InvalidTypeError
 
 __all__ = [
     "check_positive_finite",
@@ -40,18 +44,18 @@ def int_column(values: NDArray[np.generic], name: str, n: int, *, positive: bool
     """A read-only int64 copy of ``values``; refuses fractions, wrong shapes and (optionally) values < 1."""
     if values.shape != (n,):
         msg = f"{name} must be a 1-D array of length {n} (like arrival_s), got shape {values.shape}"
-        raise ValueError(msg)
+        raise InvalidArgumentError(msg)
     if values.dtype.kind == "f" and not np.all(np.isfinite(values) & (values == np.trunc(values))):
         msg = f"{name} must hold whole numbers"
-        raise ValueError(msg)
+        raise InvalidArgumentError(msg)
     if values.dtype.kind not in "iuf" and n > 0:
         msg = f"{name} must hold integers, got dtype {values.dtype}"
-        raise ValueError(msg)
+        raise InvalidArgumentError(msg)
     column = values.astype(np.int64)
     if positive and n > 0 and column.min() < 1:
         i = int(np.argmax(column < 1))
         msg = f"{name} must be positive, got {name}[{i}] = {column[i]}"
-        raise ValueError(msg)
+        raise InvalidArgumentError(msg)
     return readonly(column)  # type: ignore[return-value]
 
 
@@ -59,19 +63,19 @@ def time_column(values: NDArray[np.generic]) -> FloatArray:
     """A read-only float64 copy of arrival times; refuses NaN, infinities, negatives and disorder."""
     if values.ndim != 1:
         msg = f"arrival_s must be 1-D, got shape {values.shape}"
-        raise ValueError(msg)
+        raise InvalidArgumentError(msg)
     if values.dtype.kind not in "iuf" and values.size > 0:
         msg = f"arrival_s must hold numbers, got dtype {values.dtype}"
-        raise ValueError(msg)
+        raise InvalidArgumentError(msg)
     times = values.astype(np.float64)
     if not np.all(np.isfinite(times)) or (times.size > 0 and times[0] < 0):
         msg = "arrival_s must be finite and start at or after 0"
-        raise ValueError(msg)
+        raise InvalidArgumentError(msg)
     backwards = np.diff(times) < 0
     if backwards.any():
         i = int(np.argmax(backwards)) + 1
         msg = f"arrival_s must be non-decreasing, got arrival_s[{i}] = {times[i]} < arrival_s[{i - 1}] = {times[i - 1]}"
-        raise ValueError(msg)
+        raise InvalidArgumentError(msg)
     return readonly(times)  # type: ignore[return-value]
 
 
@@ -79,24 +83,33 @@ def check_positive_finite(name: str, value: float) -> None:
     """Raise unless ``value`` is a positive finite number."""
     if not (math.isfinite(value) and value > 0):
         msg = f"{name} must be a positive finite number, got {value}"
-        raise ValueError(msg)
+        raise InvalidArgumentError(msg)
 
 
 def positive_int(name: str, value: int) -> int:
     """``value`` as an ``int``, after checking it is an integer ``>= 1``."""
-    value = operator.index(value)
+    value = _index(name, value)
     if value < 1:
         msg = f"{name} must be a positive integer, got {value}"
-        raise ValueError(msg)
+        raise InvalidArgumentError(msg)
     return value
+
+
+def _index(name: str, value: int) -> int:
+    """``operator.index(value)``; a non-integer is an :class:`~phasesched.errors.InvalidTypeError` naming ``name``."""
+    try:
+        return operator.index(value)
+    except TypeError:
+        msg = f"{name} must be an integer, got {value!r} ({type(value).__name__})"
+        raise InvalidTypeError(msg) from None
 
 
 def sample_count(n: int) -> int:
     """``n`` as an ``int``, after checking it is a non-negative integer (how many values to draw)."""
-    n = operator.index(n)
+    n = _index("n", n)
     if n < 0:
         msg = f"cannot sample a negative number of values ({n})"
-        raise ValueError(msg)
+        raise InvalidArgumentError(msg)
     return n
 
 

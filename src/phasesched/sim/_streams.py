@@ -13,6 +13,7 @@ import operator
 import numpy as np
 from numpy.typing import NDArray
 
+from phasesched.errors import InvalidArgumentError, InvalidTypeError
 from phasesched.sim.lengths import Fixed, LengthDist
 
 __all__ = ["as_dist", "seed_streams", "seeded_lengths"]
@@ -26,7 +27,7 @@ def as_dist(value: int | LengthDist) -> LengthDist:
         return Fixed(int(value))
     if not isinstance(value, LengthDist):
         msg = f"expected a length (int) or a LengthDist, got {type(value).__name__}"
-        raise TypeError(msg)
+        raise InvalidTypeError(msg)
     return value
 
 
@@ -34,7 +35,7 @@ def seed_streams(seed: int) -> tuple[np.random.Generator, np.random.Generator, n
     """Independent generators for arrivals, prompt lengths and output lengths."""
     if operator.index(seed) < 0:
         msg = f"seed must be a non-negative integer, got {seed}"
-        raise ValueError(msg)
+        raise InvalidArgumentError(msg)
     arrivals, prompts, outputs = (np.random.default_rng(s) for s in np.random.SeedSequence(seed).spawn(3))
     return arrivals, prompts, outputs
 

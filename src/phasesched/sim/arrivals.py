@@ -16,6 +16,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from phasesched.sim._checks import positive_float_field, sample_count
+from phasesched.validators import to_float
 
 __all__ = ["ArrivalProcess", "Burst", "Gamma", "Periodic", "Poisson"]
 
@@ -56,7 +57,7 @@ class Poisson:
     (0.0, True)
     """
 
-    rate: float = attrs.field(converter=float, validator=positive_float_field)
+    rate: float = attrs.field(converter=to_float, validator=positive_float_field)
 
     def sample(self, rng: np.random.Generator, n: int) -> FloatArray:
         """``n`` arrival times, float64 ``[n]``, starting at 0."""
@@ -76,8 +77,8 @@ class Gamma:
     (4,)
     """
 
-    rate: float = attrs.field(converter=float, validator=positive_float_field)
-    cv: float = attrs.field(default=1.0, converter=float, validator=positive_float_field)
+    rate: float = attrs.field(converter=to_float, validator=positive_float_field)
+    cv: float = attrs.field(default=1.0, converter=to_float, validator=positive_float_field)
 
     def sample(self, rng: np.random.Generator, n: int) -> FloatArray:
         """``n`` arrival times, float64 ``[n]``, starting at 0."""
@@ -107,7 +108,7 @@ class Periodic:
     [0.0, 0.25, 0.5]
     """
 
-    rate: float = attrs.field(converter=float, validator=positive_float_field)
+    rate: float = attrs.field(converter=to_float, validator=positive_float_field)
 
     def sample(self, rng: np.random.Generator, n: int) -> FloatArray:  # noqa: ARG002 -- part of the protocol
         """``n`` arrival times ``i / rate``, float64 ``[n]``."""

@@ -18,6 +18,7 @@ import math
 
 import numpy as np
 
+from phasesched.errors import InvalidArgumentError
 from phasesched.sim._checks import positive_int, sample_count
 from phasesched.sim._streams import seed_streams, seeded_lengths
 from phasesched.sim.arrivals import ArrivalProcess, Burst, Periodic
@@ -117,7 +118,7 @@ def mixed_load(  # noqa: PLR0913 -- one knob per part of the experiment
     """
     if not (math.isfinite(long_arrival_s) and long_arrival_s >= 0):
         msg = f"long_arrival_s must be finite and >= 0, got {long_arrival_s}"
-        raise ValueError(msg)
+        raise InvalidArgumentError(msg)
     num_short = sample_count(num_short)
     prompts, outputs = seeded_lengths(short_prompt, short_output, num_short, seed)
     return Workload(

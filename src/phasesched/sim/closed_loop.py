@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import itertools
 import math
-import operator
 from collections.abc import Iterator, Sequence
 
 import attrs
@@ -22,6 +21,7 @@ from phasesched.sim._checks import positive_int_field
 from phasesched.sim._streams import as_dist, seeded_lengths
 from phasesched.sim.lengths import Fixed, LengthDist
 from phasesched.sim.workload import Workload
+from phasesched.validators import to_float, to_int, typed
 
 __all__ = ["ClosedLoop", "GridPoint", "grid_points"]
 
@@ -51,13 +51,15 @@ class ClosedLoop:
 
     """
 
-    concurrency: int = attrs.field(converter=operator.index, validator=positive_int_field)
-    num_requests: int = attrs.field(converter=operator.index, validator=positive_int_field)
+    concurrency: int = attrs.field(converter=to_int, validator=positive_int_field)
+    num_requests: int = attrs.field(converter=to_int, validator=positive_int_field)
     prompt: LengthDist = attrs.field(converter=as_dist)
     output: LengthDist = attrs.field(converter=as_dist)
-    seed: int = attrs.field(default=0, converter=operator.index, validator=attrs.validators.ge(0))
+    seed: int = attrs.field(default=0, converter=to_int, validator=typed(attrs.validators.ge(0)))
     think_time_s: float = attrs.field(
-        default=0.0, converter=float, validator=[attrs.validators.ge(0.0), attrs.validators.lt(math.inf)]
+        default=0.0,
+        converter=to_float,
+        validator=typed(attrs.validators.ge(0.0), attrs.validators.lt(math.inf)),
     )
 
     def lengths(self) -> tuple[IntArray, IntArray]:
@@ -84,9 +86,9 @@ class ClosedLoop:
 class GridPoint:
     """One cell of the benchmark grid: fixed prompt and output lengths at a fixed concurrency."""
 
-    prompt_len: int = attrs.field(converter=operator.index, validator=positive_int_field)
-    output_len: int = attrs.field(converter=operator.index, validator=positive_int_field)
-    concurrency: int = attrs.field(converter=operator.index, validator=positive_int_field)
+    prompt_len: int = attrs.field(converter=to_int, validator=positive_int_field)
+    output_len: int = attrs.field(converter=to_int, validator=positive_int_field)
+    concurrency: int = attrs.field(converter=to_int, validator=positive_int_field)
 
     @property
     def name(self) -> str:

@@ -10,13 +10,13 @@ generator it is given, so a seeded generator makes every draw repeatable; the bu
 from __future__ import annotations
 
 import math
-import operator
 from typing import Protocol, runtime_checkable
 
 import attrs
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
+from phasesched.errors import InvalidArgumentError
 from phasesched.sim._checks import (
     check_positive_finite,
     int_column,
@@ -24,6 +24,7 @@ from phasesched.sim._checks import (
     positive_int_field,
     sample_count,
 )
+from phasesched.validators import to_float, to_int, typed
 
 __all__ = ["Empirical", "Fixed", "LengthDist", "LogNormal", "Uniform"]
 
@@ -58,7 +59,7 @@ class Fixed:
     [128, 128, 128]
     """
 
-    value: int = attrs.field(converter=operator.index, validator=positive_int_field)
+    value: int = attrs.field(converter=to_int, validator=positive_int_field)
 
     def sample(self, rng: np.random.Generator, n: int) -> IntArray:  # noqa: ARG002 -- part of the protocol
         """``n`` copies of ``value``, int64 ``[n]``."""
@@ -73,14 +74,14 @@ class Uniform:
     [1, 2]
     """
 
-    lo: int = attrs.field(converter=operator.index, validator=positive_int_field)
-    hi: int = attrs.field(converter=operator.index)
+    lo: int = attrs.field(converter=to_int, validator=positive_int_field)
+    hi: int = attrs.field(converter=to_int)
 
     @hi.validator
     def _check_hi(self, _: attrs.Attribute[int], value: int) -> None:
         if value < self.lo:
             msg = f"Uniform needs lo <= hi, got lo={self.lo}, hi={value}"
-            raise ValueError(msg)
+            raise InvalidArgumentError(msg)
 
     def sample(self, rng: np.random.Generator, n: int) -> IntArray:
         """``n`` uniform integers in ``[lo, hi]``, int64 ``[n]``."""
@@ -107,16 +108,19 @@ class LogNormal:
 
     """
 
-    median: float = attrs.field(converter=float, validator=positive_float_field)
-    sigma: float = attrs.field(converter=float, validator=[attrs.validators.ge(0.0), attrs.validators.lt(math.inf)])
-    lo: int = attrs.field(default=1, converter=operator.index, validator=positive_int_field)
-    hi: int | None = attrs.field(default=None, converter=attrs.converters.optional(operator.index))
+    median: float = attrs.field(converter=to_float, validator=positive_float_field)
+    sigma: float = attrs.field(
+        converter=to_float,
+        validator=typed(attrs.validators.ge(0.0), attrs.validators.lt(math.inf)),
+    )
+    lo: int = attrs.field(default=1, converter=to_int, validator=positive_int_field)
+    hi: int | None = attrs.field(default=None, converter=attrs.converters.optional(to_int))
 
     @hi.validator
     def _check_hi(self, _: attrs.Attribute[int | None], value: int | None) -> None:
         if value is not None and value < self.lo:
             msg = f"LogNormal needs lo <= hi, got lo={self.lo}, hi={value}"
-            raise ValueError(msg)
+            raise InvalidArgumentError(msg)
 
     @classmethod
     def from_mean(cls, mean: float, sigma: float, lo: int = 1, hi: int | None = None) -> LogNormal:
@@ -138,7 +142,7 @@ def _length_values(values: ArrayLike) -> IntArray:
     array = np.asarray(values)
     if array.ndim != 1 or array.size == 0:
         msg = f"Empirical needs a non-empty 1-D array of lengths, got shape {array.shape}"
-        raise ValueError(msg)
+        raise InvalidArgumentError(msg)
     return int_column(array, "Empirical values", array.size, positive=True)
 
 

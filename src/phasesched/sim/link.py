@@ -10,7 +10,13 @@ from __future__ import annotations
 
 import math
 
+from phasesched.errors import InvalidArgumentError
+
 __all__ = ["KVLink"]
+
+_ULPS_OF_SLACK = 4
+"""How many units in the last place of the clock a finishing time may be off by (the rounding
+of ``clock + remaining / rate`` and of the elapsed time that is then subtracted)."""
 
 
 class KVLink:
@@ -32,7 +38,7 @@ class KVLink:
     def __init__(self, bandwidth_bytes_per_s: float, latency_s: float = 0.0) -> None:
         if not bandwidth_bytes_per_s > 0:
             msg = f"bandwidth must be positive, got {bandwidth_bytes_per_s}"
-            raise ValueError(msg)
+            raise InvalidArgumentError(msg)
         self.bandwidth = bandwidth_bytes_per_s
         self.latency = latency_s
         self._remaining: dict[str, float] = {}
@@ -52,12 +58,18 @@ class KVLink:
         """When the next transfer finishes moving bytes, if nothing else starts (``inf`` if idle)."""
         if not self._remaining:
             return math.inf
-        return self._clock + min(self._remaining.values()) * len(self._remaining) / self.bandwidth
+        done = self._clock + min(self._remaining.values()) * len(self._remaining) / self.bandwidth
+        # Far from t = 0 a short remainder rounds to the clock itself; the next event must still
+        # move time on, or the event loop would meet it at the same instant for ever.
+        return max(done, math.nextafter(self._clock, math.inf))
 
     def pop_done(self, now: float) -> list[tuple[str, float]]:
         """Transfers whose bytes have all moved by ``now``, with the time each lands (after the latency)."""
         self._advance(now)
-        tolerance = self.bandwidth * 1e-12
+        # Done: a picosecond's worth of bytes left, or less than the clock can still resolve at
+        # ``now`` (a remainder no later event time could tell apart from ``now``).
+        share = self.bandwidth / max(len(self._remaining), 1)
+        tolerance = max(self.bandwidth * 1e-12, _ULPS_OF_SLACK * math.ulp(now) * share)
         done = [tid for tid, left in self._remaining.items() if left <= tolerance]
         for tid in done:
             del self._remaining[tid]

@@ -41,7 +41,7 @@ import numpy as np
 
 from phasesched.costmodel.protocol import CostModel, decode_step_times
 from phasesched.decode_run import DecodeRun
-from phasesched.errors import PhaseschedError, RequestRejectedError
+from phasesched.errors import RequestRejectedError
 from phasesched.executor import StepResult
 from phasesched.metrics.recorder import MetricsRecorder, Role, WorkerRecorder
 from phasesched.metrics.summary import RunMetrics, summarize
@@ -51,9 +51,11 @@ from phasesched.policies.policy import SchedulingPolicy
 from phasesched.prefix_cache import CacheStats
 from phasesched.request import Request
 from phasesched.scheduler import Scheduler
+from phasesched.sim._checks import positive_int
 from phasesched.sim.closed_loop import ClosedLoop
 from phasesched.sim.deployment import Deployment, Disaggregation
 from phasesched.sim.executor import SimulatedExecutor
+from phasesched.sim.guards import SimulationError, Watchdog, check_clock
 from phasesched.sim.link import KVLink
 from phasesched.sim.workload import Workload
 
@@ -175,6 +177,9 @@ class Simulator:
         fast_forward: Advance runs of pure-decode steps in one computation.
         max_decode_run: Longest run taken at once.
         progress: Called with ``(completed, total)`` as requests finish.
+
+    Raises:
+        InvalidArgumentError: ``replicas`` or ``max_decode_run`` is not a positive integer.
     """
 
     def __init__(  # noqa: PLR0913 -- the simulation's knobs, all keyword-only
@@ -194,6 +199,9 @@ class Simulator:
         progress: Progress | None = None,
     ) -> None:
         self.deployment = deployment or Deployment()
+        if disaggregation is None:
+            positive_int("replicas", replicas)
+        positive_int("max_decode_run", max_decode_run)
         self.policy = policy
         self.fast_forward = fast_forward
         self.max_decode_run = max_decode_run
@@ -222,23 +230,33 @@ class Simulator:
         self._issued = 0
         self._first_arrival: float | None = None
         self._last_finish = 0.0
+        self._progress = 0
+        """Grows whenever the state changes (an arrival, a step, a transfer landing): the watchdog's pulse."""
 
     # ---------------------------------------------------------------- running
     def run(self) -> SimResult:
-        """Simulate until every request has finished."""
+        """Simulate until every request has finished.
+
+        Raises:
+            SimulationError: The clock passed :data:`~phasesched.sim.guards.MAX_CLOCK_S`, events
+                stopped changing anything, or requests were left unfinished.
+        """
         wall = time.perf_counter()
         self._issue_initial()
+        watchdog = Watchdog()
         while self._heap:
             now = self._heap[0][0]
+            check_clock(now)
             touched: dict[int, _Worker] = {}
             while self._heap and self._heap[0][0] == now:
                 _, _, kind, payload = heapq.heappop(self._heap)
                 self._handle(kind, payload, now, touched)
+                watchdog.event(now, self._progress)
             self._start_all(touched.values(), now)
         left = self._issued - self.recorder.completed - self.recorder.failed
         if left:
             msg = f"the simulation stalled: {left} requests never finished"
-            raise PhaseschedError(msg)
+            raise SimulationError(msg)
         return self._result(time.perf_counter() - wall)
 
     def _handle(self, kind: _Event, payload: Any, now: float, touched: dict[int, _Worker]) -> None:
@@ -302,6 +320,7 @@ class Simulator:
             worker.scheduler.update(plan, result)
             return
         duration = result.duration_s or 0.0
+        self._progress += 1
         worker.plan, worker.result, worker.start, worker.busy = plan, result, now, True
         worker.steps += 1
         worker.busy_s += duration
@@ -312,8 +331,9 @@ class Simulator:
         kv = worker.scheduler.kv
         unfreed = kv.num_free_pages - int(kv.pages_to_grow(run.slots, run.kv_len - 1 + count).sum())
         finished = worker.scheduler.advance(run, count)
+        self._progress += 1
         end = float(ends[count - 1])
-        left = worker.recorder.on_decode_run(run, now, ends[:count], (f.request_id for f in finished))
+        left = worker.recorder.on_decode_run(run, now, ends[:count], finished)
         worker.busy, worker.plan, worker.finishing = True, None, len(left)
         worker.finishing_pages = kv.num_free_pages - unfreed  # freed early by the finishes
         worker.steps += count
@@ -373,6 +393,7 @@ class Simulator:
         """Queue ``request`` on a worker and return it, or ``None`` when it was rejected (failed)."""
         if self._first_arrival is None:
             self._first_arrival = now
+        self._progress += 1
         role = Role.PREFILL if self.link is not None else Role.BOTH
         worker = self._least_loaded(role, request.prompt_len)
         prefill_only = attrs.evolve(request, max_new_tokens=1) if role is Role.PREFILL else request
@@ -444,6 +465,7 @@ class Simulator:
     def _link_progress(self, now: float) -> None:
         assert self.link is not None
         for request_id, lands in self.link.pop_done(now):
+            self._progress += 1
             self._push(lands, _Event.DELIVER, request_id)
         self._reschedule_link()
 
@@ -457,6 +479,7 @@ class Simulator:
     def _deliver(self, request_id: str, now: float) -> _Worker | None:
         """Queue a transferred request on a decode worker, or count it failed if none can serve it."""
         request = self._awaiting_decode.pop(request_id)
+        self._progress += 1
         self.recorder.transferred(request_id, now)
         worker = self._least_loaded(Role.DECODE, request.prompt_len)
         try:

@@ -63,6 +63,7 @@ import attrs
 import numpy as np
 from numpy.typing import NDArray
 
+from phasesched.errors import InvalidArgumentError
 from phasesched.sim._trace_parsers import (
     GENERIC_COLUMNS,
     GENERIC_KEYS,
@@ -130,12 +131,13 @@ def load_trace(  # noqa: PLR0913 -- the file plus one keyword per documented rep
     """
     if zero_output not in _ZERO_OUTPUT_RULES:
         msg = f"zero_output must be 'reject', 'clamp' or 'drop', got {zero_output!r}"
-        raise ValueError(msg)
+        raise InvalidArgumentError(msg)
+    requested = None if format is None else _format(format)  # a bad name fails before the file is read
     path = Path(path)
-    text = path.read_text(encoding="utf-8-sig")
+    text = _read_text(path)
     lines = text.replace("\r\n", "\n").split("\n")
     first = next((i for i, line in enumerate(lines) if line.strip()), None)
-    fmt = detect(lines, first, path) if format is None else TraceFormat(format)
+    fmt = detect(lines, first, path) if requested is None else requested
     if first is None and fmt in {TraceFormat.AZURE, TraceFormat.CSV}:
         raise TraceFormatError(path, None, "the file is empty; a CSV trace needs at least its header")
     if fmt is TraceFormat.AZURE:
@@ -155,6 +157,25 @@ def load_trace(  # noqa: PLR0913 -- the file plus one keyword per documented rep
 # --------------------------------------------------------------------------------------------
 # Checks shared by every format
 # --------------------------------------------------------------------------------------------
+
+
+def _format(value: TraceFormat | str) -> TraceFormat:
+    """``value`` as a :class:`TraceFormat`; an unknown name is an :class:`~phasesched.errors.InvalidArgumentError`."""
+    try:
+        return TraceFormat(value)
+    except ValueError:
+        known = ", ".join(f.value for f in TraceFormat)
+        msg = f"unknown trace format {value!r}; known formats: {known}"
+        raise InvalidArgumentError(msg) from None
+
+
+def _read_text(path: Path) -> str:
+    """The file's text; a file that is not UTF-8 (a binary, a compressed trace) is a :class:`TraceFormatError`."""
+    try:
+        return path.read_text(encoding="utf-8-sig")
+    except UnicodeDecodeError as error:
+        reason = f"not a text trace: byte {error.object[error.start]:#04x} at offset {error.start} is not UTF-8"
+        raise TraceFormatError(path, None, reason) from None
 
 
 def _first_bad(rows: Rows, bad: NDArray[np.bool_], path: Path, reason: str) -> None:
@@ -255,10 +276,10 @@ def write_trace(
     if format is None:
         fmt = TraceFormat.JSONL if path.suffix.lower() in JSONL_SUFFIXES else TraceFormat.CSV
     else:
-        fmt = TraceFormat(format)
+        fmt = _format(format)
     if fmt not in {TraceFormat.CSV, TraceFormat.JSONL}:
         msg = f"write_trace writes the generic csv or jsonl formats, not {fmt.value}"
-        raise ValueError(msg)
+        raise InvalidArgumentError(msg)
     has_priority = workload.priority is not None
     with path.open("w", encoding="utf-8", newline="\n") as out:
         if fmt is TraceFormat.CSV:

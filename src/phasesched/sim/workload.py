@@ -21,9 +21,11 @@ import attrs
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
+from phasesched.errors import InvalidArgumentError
 from phasesched.request import Request, SamplingParams
 from phasesched.sim._checks import check_positive_finite, int_column, positive_int, time_column
 from phasesched.sim.block_hashes import BlockHashes
+from phasesched.validators import typed
 
 __all__ = ["Workload"]
 
@@ -62,7 +64,7 @@ class Workload:
             prefix caching replays the trace's cache hits.
 
     Raises:
-        ValueError: if the arrays disagree in length, are out of order, or hold a length below 1.
+        InvalidArgumentError: if the arrays disagree in length, are out of order, or hold a length below 1.
 
     >>> w = Workload("tiny", arrival_s=[0.0, 0.5, 1.0], prompt_len=[8, 16, 4], output_len=[2, 2, 1])
     >>> len(w), w.duration_s, w.rate
@@ -72,7 +74,7 @@ class Workload:
 
     """
 
-    name: str = attrs.field(validator=attrs.validators.instance_of(str))
+    name: str = attrs.field(validator=typed(attrs.validators.instance_of(str)))
     arrival_s: FloatArray = attrs.field(converter=_as_array)
     prompt_len: IntArray = attrs.field(converter=_as_array)
     output_len: IntArray = attrs.field(converter=_as_array)
@@ -89,7 +91,7 @@ class Workload:
             object.__setattr__(self, "priority", int_column(self.priority, "priority", n, positive=False))
         if self.blocks is not None and len(self.blocks) != n:
             msg = f"blocks has {len(self.blocks)} rows for {n} requests"
-            raise ValueError(msg)
+            raise InvalidArgumentError(msg)
 
     def __len__(self) -> int:
         return int(self.arrival_s.shape[0])
@@ -131,21 +133,21 @@ class Workload:
         Burstiness (the inter-arrival CV) is scale-free, so it is kept; only the clock changes.
 
         Raises:
-            ValueError: if the target is not positive, or the workload has no rate to rescale
+            InvalidArgumentError: if the target is not positive, or the workload has no rate to rescale
                 (fewer than two requests, or all of them at one instant).
 
         """
         check_positive_finite("requests_per_s", requests_per_s)
         if not (math.isfinite(self.rate) and self.rate > 0):
             msg = f"workload {self.name!r} has rate {self.rate}; it cannot be rescaled to a rate"
-            raise ValueError(msg)
+            raise InvalidArgumentError(msg)
         return self.time_scaled(self.rate / requests_per_s)
 
     def head(self, n: int) -> Workload:
         """The first ``n`` requests (all of them if there are fewer)."""
         if operator.index(n) < 0:
             msg = f"head() needs n >= 0, got {n}"
-            raise ValueError(msg)
+            raise InvalidArgumentError(msg)
         return self._rows(slice(0, n))
 
     def window(self, t0: float, t1: float = math.inf) -> Workload:
@@ -161,7 +163,7 @@ class Workload:
         """
         if not 0 <= t0 <= t1:
             msg = f"window() needs 0 <= t0 <= t1, got t0={t0}, t1={t1}"
-            raise ValueError(msg)
+            raise InvalidArgumentError(msg)
         lo, hi = np.searchsorted(self.arrival_s, [t0, t1], side="left")
         part = self._rows(slice(int(lo), int(hi)))
         return attrs.evolve(part, arrival_s=part.arrival_s - t0)  # >= 0: a >= t0 implies fl(a - t0) >= 0
