@@ -22,7 +22,6 @@ Optional dependencies (matplotlib, rich, an executor's torch) are imported only 
 from __future__ import annotations
 
 import argparse
-import ast
 import inspect
 import json
 import re
@@ -502,7 +501,7 @@ def _executor(args: argparse.Namespace, num_pages: int) -> tuple[Any, dict[str, 
     """
     factory = EXECUTORS.get(args.executor)
     given = {k: v for k in ("model", "device", "dtype") if (v := getattr(args, k)) is not None}
-    given.update(_key_values(args.option))
+    given.update(key_values(args.option))
     params = inspect.signature(factory).parameters
     takes_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
     refused = [k for k in given if k not in params and not takes_any]
@@ -516,21 +515,6 @@ def _executor(args: argparse.Namespace, num_pages: int) -> tuple[Any, dict[str, 
     # The metadata records the factory's own defaults too, so the file says how it was measured.
     defaults = {k: p.default for k, p in params.items() if isinstance(p.default, (str, int, float, bool))}
     return factory(**options), defaults | options
-
-
-def _key_values(pairs: list[str]) -> dict[str, Any]:
-    """``["a=1", "b=x"]`` as ``{"a": 1, "b": "x"}``: Python literals where they parse, strings otherwise."""
-    out: dict[str, Any] = {}
-    for pair in pairs:
-        key, sep, text = pair.partition("=")
-        if not sep or not key.strip():
-            msg = f"--option expects KEY=VALUE, got {pair!r}"
-            raise InvalidArgumentError(msg)
-        try:
-            out[key.strip()] = ast.literal_eval(text)
-        except (ValueError, SyntaxError):
-            out[key.strip()] = text
-    return out
 
 
 if __name__ == "__main__":  # pragma: no cover -- `python -m phasesched.cli`
