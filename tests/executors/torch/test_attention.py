@@ -148,8 +148,10 @@ class TestPagedAttention:
             out, lse = run_paged_attention(plan, batch.q, batch.cache)
         singles = sum(1 for q, _ in case.lengths if q == 1)
         assert len(plan.row_groups) >= (singles > 0)
-        torch.testing.assert_close(out, expected, atol=1e-6, rtol=1e-6)
-        torch.testing.assert_close(lse, expected_lse, atol=1e-6, rtol=1e-6)
+        # Other buckets and blocks sum the same terms in another order: fp32 results may differ by
+        # a few ulps (1.1e-6 was seen on one draw), which assert_close's fp32 defaults allow.
+        torch.testing.assert_close(out, expected)
+        torch.testing.assert_close(lse, expected_lse)
 
     @settings(max_examples=15, deadline=None)
     @given(case=cases())
