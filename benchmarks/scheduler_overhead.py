@@ -11,10 +11,13 @@ Cases (mirroring ``shared/peers/vllm_sched``, which drives vLLM's V1 scheduler t
 
 Requests carry token ids, as an engine's do, so ``update()`` records every sampled token. The
 executor is :class:`phasesched.DeterministicExecutor`, outside the timed region.
+``--prefix-caching both`` runs every case with prefix caching off and on (``/cache`` rows): every
+page that fills is then hashed and named, and the prompts, all alike, share cached pages.
 
 Usage::
 
     python benchmarks/scheduler_overhead.py [--ns 16,64,256,1024,4096] [--steps 200] [--json out.json]
+        [--prefix-caching off|on|both]
 """
 
 from __future__ import annotations
@@ -41,11 +44,15 @@ PAGE = 16
 VLLM_REFERENCE_US = {16: 178 + 76, 64: 648 + 285, 256: 2604 + 1266, 1024: 12666 + 6176, "mixed-256+16K": 4850 + 1900}
 
 
-def make_scheduler(num_running: int, extra_tokens: int = 0) -> Scheduler:
-    """A scheduler sized so nothing is ever preempted."""
+def make_scheduler(num_running: int, extra_tokens: int = 0, *, cache: bool = False) -> Scheduler:
+    """A scheduler sized so nothing is ever preempted; ``cache`` turns prefix caching on."""
     tokens = num_running * (PROMPT + 1024) + extra_tokens
     config = SchedulerConfig(num_pages=tokens // PAGE + 1024, page_size=PAGE, max_model_len=32 * 1024)
-    options = PolicyOptions(max_num_seqs=max(num_running, 1), max_num_batched_tokens=max(8192, num_running))
+    options = PolicyOptions(
+        max_num_seqs=max(num_running, 1),
+        max_num_batched_tokens=max(8192, num_running),
+        enable_prefix_caching=cache,
+    )
     return Scheduler(config, load_policy("vllm", options))
 
 
@@ -94,7 +101,8 @@ def summarize(name: str, running: int, samples: dict[str, list[float]]) -> dict[
     total = float(row["schedule_median_us"]) + float(row["update_median_us"])  # type: ignore[arg-type]
     row["step_median_us"] = total
     row["us_per_running_request"] = total / running
-    key: object = running if name.startswith("decode") else name  # both decode paths against vLLM's one
+    base = name.removesuffix("/cache")
+    key: object = running if base.startswith("decode") else base  # both decode paths against vLLM's one
     reference = VLLM_REFERENCE_US.get(key)  # type: ignore[call-overload]
     row["vllm_reference_us"] = reference
     row["vllm_over_phasesched"] = None if reference is None else reference / total
@@ -106,23 +114,24 @@ def pooled(rounds: list[dict[str, list[float]]]) -> dict[str, list[float]]:
     return {verb: [v for r in rounds for v in r[verb]] for verb in ("schedule", "update")}
 
 
-def decode_case(n: int, steps: int, rounds: int, *, ask_policy: bool = False) -> dict[str, object]:
+def decode_case(n: int, steps: int, rounds: int, *, ask_policy: bool = False, cache: bool = False) -> dict[str, object]:
     """``n`` requests decoding; ``ask_policy`` turns off the steady-decode path, so the policy plans every step."""
-    scheduler = make_scheduler(n)
+    scheduler = make_scheduler(n, cache=cache)
     scheduler._steady_fast_path = not ask_policy  # noqa: SLF001 -- the switch the equivalence tests use
     add_decoders(scheduler, n)
-    name = f"decode-{n}" + ("/policy" if ask_policy else "")
+    name = f"decode-{n}" + ("/policy" if ask_policy else "") + ("/cache" if cache else "")
     return summarize(name, n, pooled([timed_steps(scheduler, steps) for _ in range(rounds)]))
 
 
-def mixed_case(steps: int) -> dict[str, object]:
-    scheduler = make_scheduler(256, extra_tokens=LONG_PROMPT * 4)
+def mixed_case(steps: int, *, cache: bool = False) -> dict[str, object]:
+    scheduler = make_scheduler(256, extra_tokens=LONG_PROMPT * 4, cache=cache)
     add_decoders(scheduler, 256)
     samples: dict[str, list[float]] = {"schedule": [], "update": []}
     executor = DeterministicExecutor()
     round_ = 0
     while len(samples["schedule"]) < steps:
-        scheduler.add_request(Request(f"long{round_}", prompt_token_ids=list(range(LONG_PROMPT)), max_new_tokens=1))
+        prompt = [round_ + 1, *range(LONG_PROMPT - 1)]  # a new first token: no long prompt hits the cache
+        scheduler.add_request(Request(f"long{round_}", prompt_token_ids=prompt, max_new_tokens=1))
         chunk = timed_steps(scheduler, 3, keep=lambda plan: plan.num_prefill_tokens > 0)  # type: ignore[attr-defined]
         samples["schedule"] += chunk["schedule"]
         samples["update"] += chunk["update"]
@@ -130,22 +139,22 @@ def mixed_case(steps: int) -> dict[str, object]:
             plan = scheduler.schedule()
             scheduler.update(plan, executor.execute(plan))
         round_ += 1
-    return summarize("mixed-256+16K", 257, samples)
+    return summarize("mixed-256+16K" + ("/cache" if cache else ""), 257, samples)
 
 
-def waiting_case(steps: int, rounds: int, waiting: int = 100_000) -> dict[str, object]:
-    scheduler = make_scheduler(256)
+def waiting_case(steps: int, rounds: int, waiting: int = 100_000, *, cache: bool = False) -> dict[str, object]:
+    scheduler = make_scheduler(256, cache=cache)
     add_decoders(scheduler, 256)
     prompt = tuple(range(PROMPT))
     for i in range(waiting):
         scheduler.add_request(Request(f"w{i}", prompt_token_ids=prompt, max_new_tokens=16))
     samples = pooled([timed_steps(scheduler, steps) for _ in range(rounds)])
-    return summarize(f"waiting-{waiting // 1000}K+256", 256, samples)
+    return summarize(f"waiting-{waiting // 1000}K+256" + ("/cache" if cache else ""), 256, samples)
 
 
 def print_table(rows: list[dict[str, object]]) -> None:
     header = (
-        f"{'case':<20}{'running':>8}{'sched p50':>11}{'sched p99':>11}{'upd p50':>10}{'upd p99':>10}"
+        f"{'case':<26}{'running':>8}{'sched p50':>11}{'sched p99':>11}{'upd p50':>10}{'upd p99':>10}"
         f"{'us/req':>9}{'vLLM us':>10}{'vLLM/ours':>11}"
     )
     print(header)
@@ -154,7 +163,7 @@ def print_table(rows: list[dict[str, object]]) -> None:
         ref = r["vllm_reference_us"]
         ratio = r["vllm_over_phasesched"]
         print(
-            f"{r['case']:<20}{r['running']:>8}{r['schedule_median_us']:>11.1f}{r['schedule_p99_us']:>11.1f}"
+            f"{r['case']:<26}{r['running']:>8}{r['schedule_median_us']:>11.1f}{r['schedule_p99_us']:>11.1f}"
             f"{r['update_median_us']:>10.1f}{r['update_p99_us']:>10.1f}{r['us_per_running_request']:>9.2f}"
             f"{'-' if ref is None else ref:>10}{'-' if ratio is None else f'{ratio:.1f}x':>11}"
         )
@@ -169,15 +178,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--skip-mixed", action="store_true")
     parser.add_argument("--skip-waiting", action="store_true")
     parser.add_argument("--json", metavar="PATH", help="also write the rows as JSON")
+    parser.add_argument("--prefix-caching", choices=("off", "on", "both"), default="off")
     args = parser.parse_args(argv)
     ns = [int(n) for n in args.ns.split(",")]
-    rows = [decode_case(n, args.steps, args.rounds) for n in ns]
-    if not args.skip_policy:
-        rows += [decode_case(n, args.steps, args.rounds, ask_policy=True) for n in ns]
-    if not args.skip_mixed:
-        rows.append(mixed_case(max(args.steps // 4, 10)))
-    if not args.skip_waiting:
-        rows.append(waiting_case(args.steps, args.rounds))
+    rows: list[dict[str, object]] = []
+    for cache in {"off": [False], "on": [True], "both": [False, True]}[args.prefix_caching]:
+        rows += [decode_case(n, args.steps, args.rounds, cache=cache) for n in ns]
+        if not args.skip_policy:
+            rows += [decode_case(n, args.steps, args.rounds, ask_policy=True, cache=cache) for n in ns]
+        if not args.skip_mixed:
+            rows.append(mixed_case(max(args.steps // 4, 10), cache=cache))
+        if not args.skip_waiting:
+            rows.append(waiting_case(args.steps, args.rounds, cache=cache))
     print_table(rows)
     if args.json:
         with Path(args.json).open("w", encoding="utf-8") as handle:

@@ -55,7 +55,7 @@ class Driver:
     """Runs the schedule / execute / update loop and records every plan and finish."""
 
     scheduler: Scheduler
-    executor: DeterministicExecutor = attrs.field(factory=DeterministicExecutor)
+    executor: DeterministicExecutor | PagedContentExecutor = attrs.field(factory=DeterministicExecutor)
     plans: list[StepPlan] = attrs.field(factory=list)
     outcomes: list[StepOutcome] = attrs.field(factory=list)
     finished: dict[str, FinishedRequest] = attrs.field(factory=dict)
@@ -108,3 +108,37 @@ def load_script(path: Path, name: str) -> ModuleType:
     sys.modules[name] = module  # attrs classes resolve their module by name
     spec.loader.exec_module(module)
     return module
+
+
+@attrs.define
+class PagedContentExecutor:
+    """A fake executor that keeps real paged KV *contents*: each page holds the token ids written into it.
+
+    Every slice writes its input ids at its positions into the pages the plan names, then reads
+    its whole context back through ``kv_indices`` and samples a token that depends on all of it.
+    So a plan pointing at the wrong page, a stale page, or a cached page whose content differs
+    changes the outputs, and reading a position nobody wrote raises. ``written`` counts writes
+    per page, for tests that check cached pages are not rewritten.
+    """
+
+    vocab_size: int = 50
+    pages: dict[int, dict[int, int]] = attrs.field(factory=dict)
+    written: dict[int, int] = attrs.field(factory=dict)
+
+    def execute(self, plan: StepPlan) -> StepResult:
+        """Write, read back, and sample from the whole context."""
+        assert plan.input_ids is not None, "the content executor needs token ids"
+        size, tokens = plan.page_size, np.full(plan.batch_size, -1, dtype=np.int64)
+        for i in range(plan.batch_size):
+            table = plan.kv_indices[plan.kv_indptr[i] : plan.kv_indptr[i + 1]].tolist()
+            start, num = int(plan.start[i]), int(plan.num_new[i])
+            first = int(plan.qo_indptr[i])
+            for k in range(num):
+                pos = start + k
+                page = table[pos // size]
+                self.pages.setdefault(page, {})[pos % size] = int(plan.input_ids[first + k])
+                self.written[page] = self.written.get(page, 0) + 1
+            if plan.samples[i]:
+                context = tuple(self.pages[table[p // size]][p % size] for p in range(start + num))
+                tokens[i] = hash(context) % self.vocab_size
+        return StepResult(step_id=plan.step_id, token_ids=tokens)

@@ -109,6 +109,8 @@ INTERNAL_PARTS: dict[str, Callable[[Scheduler], tuple[object, str]]] = {
     "kv.open": lambda s: (s.kv, "open"),
     "kv.free_many": lambda s: (s.kv, "free_many"),
     "kv.gather": lambda s: (s.kv, "gather"),
+    "kv.claim": lambda s: (s.kv, "claim"),
+    "kv.register": lambda s: (s.kv, "register"),
     "arrays.load": lambda s: (s._arrays, "load"),
     "arrays.unload": lambda s: (s._arrays, "unload"),
     "tokens.write": lambda s: (s._arrays.tokens, "write"),
@@ -141,6 +143,8 @@ def state_of(scheduler: Scheduler) -> tuple[object, ...]:
         scheduler.kv.num_free_pages,
         scheduler.kv.page_counts.tolist(),
         scheduler.kv.refcounts.tolist(),
+        scheduler.kv.idle_cached_pages(),
+        scheduler.kv.cache_stats,
         scheduler.plan_in_flight,
         scheduler.pending_releases,
     )
@@ -230,6 +234,33 @@ class TestAtomicity:
             plan = scheduler.schedule()
             scheduler.update(plan, executor.execute(plan))
         assert scheduler.kv.num_free_pages == scheduler.kv.num_pages
+
+    @pytest.mark.parametrize("part", ["kv.extend_many", "kv.gather", "build_step_plan", "kv.register"])
+    def test_a_failed_claim_or_registration_restores_the_cache_exactly(self, part: str) -> None:
+        """A step that claimed idle cached pages (or named new ones) and then failed leaves the LRU order as it was."""
+        scheduler = Scheduler(SchedulerConfig(num_pages=64, page_size=4), preset("vllm"))
+        executor = DeterministicExecutor()
+        for index, length in enumerate((24, 11, 30)):  # three prompts sharing their first pages
+            scheduler.add_request(request_of(index, (length, 2, 0)))
+            while scheduler.num_unfinished:
+                warm = scheduler.schedule()
+                scheduler.update(warm, executor.execute(warm))
+        assert len(scheduler.kv.idle_cached_pages()) > 6
+        scheduler.add_request(request_of(9, (28, 2, 0)))
+        fault = Fault(0)
+        with installed(scheduler, part, fault):
+            before = state_of(scheduler)
+            plan: StepPlan | None = None
+            with contextlib.suppress(InjectedFaultError):
+                plan = scheduler.schedule()
+            if plan is not None:  # the fault is in update(): compare with the state it started from
+                before = state_of(scheduler)
+                with contextlib.suppress(InjectedFaultError):
+                    scheduler.update(plan, executor.execute(plan))
+            assert fault.fired
+            with fault.pause():
+                assert state_of(scheduler) == before
+                scheduler.check_invariants()
 
     def test_a_queue_key_that_does_not_compare_is_refused(self) -> None:
         """A plugin queue order whose key cannot be compared with the others' is a typed error, and nothing changes."""

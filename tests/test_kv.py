@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from typing import cast
-
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -11,6 +9,14 @@ from hypothesis import strategies as st
 from hypothesis.stateful import Bundle, RuleBasedStateMachine, consumes, invariant, precondition, rule
 
 from phasesched import OutOfPagesError, PagedKVManager
+from phasesched.prefix import extend_page_hashes
+
+
+def page_hashes(tokens: list[int], page_size: int) -> list[int]:
+    """Chained hashes of the full pages of ``tokens``."""
+    hashes: list[int] = []
+    extend_page_hashes(hashes, tokens, page_size, len(tokens) // page_size)
+    return hashes
 
 
 class TestPagedKVManager:
@@ -47,19 +53,55 @@ class TestPagedKVManager:
         assert not kv.can_allocate(9, admission=True)
         assert kv.can_allocate(10)
 
-    def test_fork_shares_full_pages_only(self) -> None:
-        """A fork shares whole pages of the prefix and counts the extra references."""
-        kv = PagedKVManager(num_pages=8, page_size=4)
+    def test_claim_shares_cached_pages(self) -> None:
+        """A table claims the cached pages of its prefix; they are shared and counted twice."""
+        kv = PagedKVManager(num_pages=8, page_size=4, enable_prefix_caching=True)
+        hashes = page_hashes(list(range(10)), 4)
         parent = kv.open()
         kv.grow_to(parent, 10)
-        child = kv.fork(parent, 10)
-        assert kv.page_count(child) == 2
+        kv.register(parent, hashes)
+        child = kv.open()
+        assert kv.cached_prefix(hashes, 8) == 2
+        kv.claim(child, hashes, 2, queried=2)
         assert list(kv.pages(child)) == list(kv.pages(parent)[:2])
         assert kv.refcounts[kv.pages(parent)[0]] == 2
         kv.free(parent)
-        assert kv.num_used_pages == 2
+        assert (kv.num_used_pages, kv.num_cached_pages) == (2, 0)
         kv.free(child)
-        assert kv.num_free_pages == 8
+        assert (kv.num_free_pages, kv.num_cached_pages) == (8, 2)
+        assert kv.cache_stats.hits == 2
+        kv.check_invariants()
+
+    def test_idle_pages_are_evicted_least_recent_first(self) -> None:
+        """Freed hashed pages stay cached until fresh pages run out; the oldest go first."""
+        kv = PagedKVManager(num_pages=4, page_size=2, enable_prefix_caching=True)
+        old, new = kv.open(), kv.open()
+        for slot, first in ((old, 0), (new, 100)):
+            kv.grow_to(slot, 4)
+            kv.register(slot, page_hashes(list(range(first, first + 4)), 2))
+        kv.free(old)
+        kv.free(new)
+        assert kv.num_cached_pages == 4
+        slot = kv.open()
+        kv.grow_to(slot, 4)
+        assert kv.cached_prefix(page_hashes([0, 1, 2, 3], 2), 2) == 0
+        assert kv.cached_prefix(page_hashes([100, 101, 102, 103], 2), 2) == 2
+        assert kv.cache_stats.evictions == 2
+        kv.check_invariants()
+
+    def test_retract_and_unevict_restore_the_cache(self) -> None:
+        """Undoing a growth that evicted puts the evicted pages back in the cache, in their place."""
+        kv = PagedKVManager(num_pages=3, page_size=2, enable_prefix_caching=True)
+        donor = kv.open()
+        kv.grow_to(donor, 6)
+        kv.register(donor, page_hashes(list(range(6)), 2))
+        kv.free(donor)
+        before = (kv.cached_prefix(page_hashes(list(range(6)), 2), 3), kv.num_free_pages, kv.cache_stats)
+        slot = kv.open()
+        evicted = kv.extend_many(np.array([slot], np.int32), np.array([2], np.int64))
+        kv.retract(np.array([slot], np.int32), np.array([0], np.int32))
+        kv.unevict(evicted)
+        assert (kv.cached_prefix(page_hashes(list(range(6)), 2), 3), kv.num_free_pages, kv.cache_stats) == before
         kv.check_invariants()
 
     def test_free_twice_raises(self) -> None:
@@ -98,56 +140,93 @@ class TestPagedKVManager:
 
 
 class KVMachine(RuleBasedStateMachine):
-    """Random opens, grows, forks and frees: pages are conserved and never owned twice."""
+    """Random opens (claiming cached prefixes), grows, frees and undone growths, with prefix caching on.
+
+    Sequences are prefixes of a few shared token streams, so tables share pages and freed pages
+    stay cached. Pages are conserved (plain free + referenced + idle cached = total), reference
+    counts match the tables, and a claimed page holds exactly the tokens its hash names.
+    """
 
     tables = Bundle("tables")
+    PAGE = 3
 
     def __init__(self) -> None:
         super().__init__()
-        self.kv = PagedKVManager(num_pages=48, page_size=3)
-        self.tokens: dict[int, int] = {}
+        self.kv = PagedKVManager(num_pages=24, page_size=self.PAGE, enable_prefix_caching=True)
+        self.streams = [[s * 1000 + i for i in range(60)] for s in range(3)]
+        self.tokens: dict[int, tuple[list[int], int]] = {}  # slot -> (its stream, tokens held)
+        self.content: dict[int, tuple[int, ...]] = {}  # page -> tokens written into it
+        self.opened = 0
 
-    @rule(target=tables)
-    def open(self) -> int:
+    @rule(target=tables, stream=st.integers(0, 2), fork_at=st.integers(0, 40), tail=st.integers(0, 9))
+    def open(self, stream: int, fork_at: int, tail: int) -> int:
+        """Open a table for a stream's first ``fork_at`` tokens and a private tail, claiming what is cached."""
+        self.opened += 1
+        private = range(10**6 * self.opened, 10**6 * self.opened + tail)  # a tail no other table has
+        tokens = [*self.streams[stream][:fork_at], *private]
         slot = self.kv.open()
-        self.tokens[slot] = 0
+        hashes = page_hashes(tokens, self.PAGE)
+        hit = self.kv.cached_prefix(hashes, len(hashes))
+        self.kv.claim(slot, hashes, hit, queried=len(hashes))
+        for i, page in enumerate(self.kv.pages(slot).tolist()):
+            assert self.content[page] == tuple(tokens[i * self.PAGE : (i + 1) * self.PAGE]), "a claim gave wrong KV"
+        self.tokens[slot] = (tokens, hit * self.PAGE)
         return slot
 
-    @rule(slot=tables, extra=st.integers(0, 20))
+    @rule(slot=tables, extra=st.integers(0, 12))
     def grow(self, slot: int, extra: int) -> None:
+        """Compute ``extra`` more tokens of a table and register the pages that filled."""
         if slot not in self.tokens:
             return
+        tokens, held = self.tokens[slot]
+        want = min(held + extra, len(tokens))
         free_before = self.kv.num_free_pages
-        count_before = self.kv.page_count(slot)
-        want = self.tokens[slot] + extra
         try:
             self.kv.grow_to(slot, want)
         except OutOfPagesError:
             assert self.kv.num_free_pages == free_before
-            assert self.kv.page_count(slot) == count_before
             return
-        self.tokens[slot] = want
-        assert self.kv.page_count(slot) >= -(-want // 3)
+        pages = self.kv.pages(slot).tolist()
+        due = int(self.kv.pages_to_hash(np.array([slot], np.int32), np.array([want], np.int32))[0])
+        first = want // self.PAGE - due
+        for i in range(first, first + due):
+            self.content[pages[i]] = tuple(tokens[i * self.PAGE : (i + 1) * self.PAGE])
+        self.kv.register(slot, page_hashes(tokens, self.PAGE)[first : first + due])
+        self.tokens[slot] = (tokens, want)
 
-    @rule(target=tables, slot=tables, upto=st.integers(0, 30))
-    def fork(self, slot: int, upto: int) -> int:
+    @rule(slot=tables, extra=st.integers(1, 30))
+    def undone_growth(self, slot: int, extra: int) -> None:
+        """A growth undone (retract, then unevict) leaves the cache exactly as it was."""
         if slot not in self.tokens:
-            return cast("int", self.open())  # rule() types the method's result as int | MultipleResults[int]
-        child = self.kv.fork(slot, min(upto, self.tokens[slot]))
-        self.tokens[child] = self.kv.page_count(child) * 3
-        return child
+            return
+        kv, slots = self.kv, np.array([slot], np.int32)
+        before = (kv.num_free_pages, kv.num_cached_pages, kv.cache_stats, kv.refcounts.tolist())
+        probes = [kv.cached_prefix(page_hashes(s, self.PAGE), 99) for s in self.streams]
+        counts = kv.page_counts[slots]
+        try:
+            evicted = kv.extend_many(slots, np.array([extra], np.int64))
+        except OutOfPagesError:
+            return
+        kv.retract(slots, counts)
+        kv.unevict(evicted)
+        assert (kv.num_free_pages, kv.num_cached_pages, kv.cache_stats, kv.refcounts.tolist()) == before
+        assert [kv.cached_prefix(page_hashes(s, self.PAGE), 99) for s in self.streams] == probes
 
     @precondition(lambda self: bool(self.tokens))
     @rule(slot=consumes(tables))
     def close(self, slot: int) -> None:
+        """Free a table; its hashed pages stay cached."""
         if slot in self.tokens:
             self.kv.free(slot)
             del self.tokens[slot]
 
     @invariant()
     def conserved(self) -> None:
-        self.kv.check_invariants()
-        assert self.kv.num_free_pages + self.kv.num_used_pages == self.kv.num_pages
+        """Pages are conserved and reference counts match the tables."""
+        kv = self.kv
+        kv.check_invariants()
+        assert kv.num_free_pages + kv.num_used_pages == kv.num_pages
+        assert kv.num_cached_pages <= kv.num_free_pages
 
 
 TestKVMachine = KVMachine.TestCase

@@ -2,13 +2,16 @@
 
 After every step: the budget and the sequence cap hold, pages are conserved and owned once,
 every plan is internally consistent; at the end every admitted request finishes exactly once
-with exactly its tokens, and with no new arrivals nothing waits forever.
+with exactly its tokens, and with no new arrivals nothing waits forever. Half the runs cache
+prefixes: prompts then share prefixes (token ids, or trace-style block hashes), and cached pages
+are claimed, evicted under pressure and released by preemption, with pages still conserved.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 
+import attrs
 import numpy as np
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
@@ -25,9 +28,11 @@ from phasesched import (
     StepPlan,
 )
 from phasesched.policies import (
+    CacheAwareAging,
     EqualProgress,
     FewestGenerated,
     FixedChunk,
+    LongestPrefixMatch,
     LongPrefillThreshold,
     LowestPriority,
     NoChunking,
@@ -37,6 +42,7 @@ from phasesched.policies import (
     ShortestRemainingPrefill,
     TokenBudget,
 )
+from phasesched.prefix import PromptBlocks
 from tests.fakes import expected_tokens
 
 PolicyFactory = Callable[[TokenBudget, int], SchedulingPolicy]
@@ -61,6 +67,12 @@ POLICIES: dict[str, PolicyFactory] = {
         chunker=FixedChunk(c),
         queue_order=ShortestRemainingPrefill(aging_tokens_per_s=4.0),
         preemption=PreemptionPolicy(victims=FewestGenerated()),
+    ),
+    "lpm": lambda b, c: SchedulingPolicy(
+        budget=b, chunker=FixedChunk(c), queue_order=LongestPrefixMatch(max_queue_depth=4), enable_prefix_caching=True
+    ),
+    "cache-aware-aging": lambda b, c: SchedulingPolicy(
+        budget=b, chunker=FixedChunk(c), queue_order=CacheAwareAging(4.0), enable_prefix_caching=True
     ),
 }
 
@@ -92,13 +104,25 @@ class SchedulerMachine(RuleBasedStateMachine):
         seqs=st.integers(1, 8),
         chunk=st.integers(1, 16),
         watermark=st.sampled_from([0.0, 0.1]),
+        caching=st.booleans(),
     )
     def configure(
-        self, policy: str, page_size: int, num_pages: int, tokens: int, seqs: int, chunk: int, watermark: float
+        self,
+        policy: str,
+        page_size: int,
+        num_pages: int,
+        tokens: int,
+        seqs: int,
+        chunk: int,
+        watermark: float,
+        caching: bool,
     ) -> None:
         budget = TokenBudget(max_num_batched_tokens=tokens, max_num_seqs=seqs)
         config = SchedulerConfig(num_pages=num_pages, page_size=page_size, max_model_len=96, watermark=watermark)
-        self.scheduler = Scheduler(config, POLICIES[policy](budget, chunk))
+        chosen = POLICIES[policy](budget, chunk)
+        self.scheduler = Scheduler(
+            config, attrs.evolve(chosen, enable_prefix_caching=caching or chosen.enable_prefix_caching)
+        )
         self.partial_cap = PARTIAL_PREFILL_CAPS.get(policy)
 
     @rule(
@@ -107,14 +131,19 @@ class SchedulerMachine(RuleBasedStateMachine):
         with_ids=st.booleans(),
         priority=st.integers(0, 3),
         eos=st.booleans(),
+        stream=st.integers(0, 2),
     )
-    def add(self, prompt: int, max_new: int, with_ids: bool, priority: int, eos: bool) -> None:
+    def add(self, prompt: int, max_new: int, with_ids: bool, priority: int, eos: bool, stream: int) -> None:
+        """A request whose prompt is a prefix of one of three shared streams (so prompts share prefixes)."""
         request_id = f"q{self.counter}"
         self.counter += 1
         request = Request(
             request_id,
             prompt_len=prompt if not with_ids else -1,
-            prompt_token_ids=[i % 40 for i in range(prompt)] if with_ids else None,
+            prompt_token_ids=[(i + 7 * stream) % 40 for i in range(prompt)] if with_ids else None,
+            prompt_blocks=None
+            if with_ids
+            else PromptBlocks(8, tuple(100 * stream + b for b in range(-(-prompt // 8)))),
             max_new_tokens=max_new,
             arrival_time=self.now,
             priority=priority,
@@ -175,11 +204,19 @@ class SchedulerMachine(RuleBasedStateMachine):
             owned = kv.pages(slot)
             segment = plan.kv_indices[plan.kv_indptr[i] : plan.kv_indptr[i + 1]]
             assert np.array_equal(owned[: len(segment)], segment), "a slice reads pages it does not own"
+            writes = segment[int(plan.start[i]) // kv.page_size :]
+            assert np.all(kv.refcounts[writes] == 1), "a slice writes into a shared (cached) page"
 
     @invariant()
     def whole(self) -> None:
+        """Bookkeeping is whole; pages are conserved: free (plain + idle cached) + referenced = total."""
         if hasattr(self, "scheduler"):
             self.scheduler.check_invariants()
+            kv = self.scheduler.kv
+            assert kv.num_free_pages + kv.num_used_pages == kv.num_pages
+            assert kv.num_cached_pages <= kv.num_free_pages
+            stats = kv.cache_stats
+            assert 0 <= stats.hits <= stats.queried
 
     @invariant()
     def partial_prefills_within_cap(self) -> None:

@@ -54,7 +54,7 @@ from phasesched.sim.traces import load_trace
 
 __all__ = ["EXPERIMENTS", "build_parser", "main"]
 
-EXPERIMENTS = ("prefill", "decode", "mixed", "phase-split", "grid", "replay")
+EXPERIMENTS = ("prefill", "decode", "mixed", "phase-split", "grid", "replay", "prefix-cache")
 """``bench <experiment>`` choices — :data:`phasesched.experiments.suite.EXPERIMENTS` (a test keeps them equal)."""
 
 _RESULTS_ROOT = Path("bench-results")

@@ -4,9 +4,16 @@ The manager hands out *tables* (one per sequence, named by a small integer, its 
 pages in them. Its state is a handful of numpy arrays, so the scheduler can grow every running
 sequence by one token, gather FlashInfer's ``kv_indices`` and free finished sequences without a
 Python loop over requests. Queries (``can_allocate``) never change state; commits
-(``allocate``, ``grow_to``, ``free``) either succeed entirely or raise :class:`OutOfPagesError` having
-changed nothing. Pages carry reference counts so tables can share a prefix (``fork``); a page
-returns to the free pool only when its last reference goes.
+(``grow_to``, ``extend_many``, ``free``) either succeed entirely or raise :class:`OutOfPagesError` having
+changed nothing. Pages carry reference counts so tables can share a prefix; a page returns to the
+free pool only when its last reference goes.
+
+With ``enable_prefix_caching``, full pages get content hashes as they fill
+(:meth:`PagedKVManager.register`), a new table may start by claiming the cached pages of its
+prefix (:meth:`PagedKVManager.claim`), and a hashed page
+whose last reference goes stays cached, idle, until a fresh page is wanted and the plain free pool
+is empty (see :mod:`phasesched.prefix_cache`). Idle pages count as free. Pages are conserved:
+``plain free + referenced + idle cached = num_pages``.
 """
 
 from __future__ import annotations
@@ -16,9 +23,10 @@ import numpy as np
 from numpy.typing import NDArray
 
 from phasesched.errors import InvalidArgumentError, OutOfPagesError, UnknownTableError
-from phasesched.validators import is_int
+from phasesched.prefix_cache import CacheStats, Evicted, PrefixCache
+from phasesched.validators import INT32_MAX, is_int
 
-__all__ = ["FreedTables", "HeldKV", "PagedKVManager"]
+__all__ = ["Claim", "FreedTables", "HeldKV", "PagedKVManager", "Registration"]
 
 Int32Array = NDArray[np.int32]
 _NO_PAGE = -1
@@ -34,6 +42,30 @@ class FreedTables:
     pages: Int32Array
     num_released: int
     held: Int32Array
+    parked: tuple[int, ...] = ()
+    """Released pages that stayed cached (idle) rather than returning to the plain pool."""
+    hashed: Int32Array | None = None
+    """Each table's count of pages offered to the cache, before the free."""
+
+
+@attrs.frozen(eq=False)
+class Claim:
+    """Cached pages a table claimed (:meth:`PagedKVManager.claim`), for :meth:`PagedKVManager.unclaim` (opaque)."""
+
+    slot: int
+    pages: tuple[int, ...]
+    unparked: tuple[int, ...]
+    stamps: tuple[int, ...]
+    queried: int
+
+
+@attrs.frozen(eq=False)
+class Registration:
+    """Pages :meth:`PagedKVManager.register` named, for :meth:`PagedKVManager.unregister` (opaque)."""
+
+    slot: int
+    offered: int
+    registered: tuple[int, ...]
 
 
 def _layout(slots: Int32Array, first: Int32Array, count: NDArray[np.integer]) -> tuple[Int32Array, Int32Array]:
@@ -75,6 +107,8 @@ class PagedKVManager:
         page_size: Tokens per page.
         watermark: Fraction of pages kept free when *admitting* new sequences, so running ones
             can still grow (vLLM's watermark). Growing a running sequence may use them.
+        enable_prefix_caching: Keep hashed full pages cached after their last reference goes,
+            for later tables to :meth:`claim` (vLLM's and SGLang's prefix caching).
 
     >>> kv = PagedKVManager(num_pages=8, page_size=16)
     >>> slot = kv.open()
@@ -87,7 +121,9 @@ class PagedKVManager:
 
     """
 
-    def __init__(self, num_pages: int, page_size: int, *, watermark: float = 0.0) -> None:
+    def __init__(
+        self, num_pages: int, page_size: int, *, watermark: float = 0.0, enable_prefix_caching: bool = False
+    ) -> None:
         if not (is_int(num_pages) and is_int(page_size)) or num_pages <= 0 or page_size <= 0:
             msg = f"num_pages and page_size must be positive, got {num_pages} and {page_size}"
             raise InvalidArgumentError(msg)
@@ -106,7 +142,11 @@ class PagedKVManager:
         self._open = np.zeros(8, dtype=bool)
         self._free_slots: list[int] = list(range(7, -1, -1))
         self._count_view = _read_only(self._count)
-        self._forked = False  # no table has ever shared a page: freeing needs no reference counting
+        self._hashed = np.zeros(8, dtype=np.int32)  # leading pages of each table offered to the cache
+        self._nameable = np.full(8, INT32_MAX, dtype=np.int32)  # pages of each table whose content is known
+        self._cache = PrefixCache() if enable_prefix_caching else None
+        # Without a cache no page is ever shared, so freeing needs no reference counting.
+        self._shared = enable_prefix_caching
         # Holds (P/D): a table marked with defer_free survives the free that would end it, as a
         # held table, until release(). Freeing skips the check while none is marked.
         self._deferred = np.zeros(8, dtype=bool)
@@ -116,13 +156,32 @@ class PagedKVManager:
     # ---------------------------------------------------------------- queries
     @property
     def num_free_pages(self) -> int:
-        """Pages in the free pool."""
-        return self._num_free
+        """Pages that can be handed out (the free pool plus idle cached pages, evicted on demand)."""
+        return self._num_free + (self._cache.num_idle if self._cache is not None else 0)
+
+    @property
+    def num_cached_pages(self) -> int:
+        """Idle cached pages (no table references them; a later :meth:`claim` may reuse them)."""
+        return self._cache.num_idle if self._cache is not None else 0
+
+    def idle_cached_pages(self) -> list[int]:
+        """Idle cached pages, least recently released (first to be evicted) first."""
+        return self._cache.idle_pages() if self._cache is not None else []
+
+    @property
+    def prefix_caching(self) -> bool:
+        """Whether prefix caching is on."""
+        return self._cache is not None
+
+    @property
+    def cache_stats(self) -> CacheStats:
+        """Prefix-cache counters (all zero when caching is off)."""
+        return self._cache.stats if self._cache is not None else CacheStats()
 
     @property
     def num_used_pages(self) -> int:
         """Pages referenced by at least one table."""
-        return self.num_pages - self._num_free
+        return self.num_pages - self.num_free_pages
 
     @property
     def usage(self) -> float:
@@ -148,7 +207,7 @@ class PagedKVManager:
 
         """
         reserve = self.watermark_pages if admission else 0
-        return num_pages <= self._num_free - reserve
+        return num_pages <= self.num_free_pages - reserve
 
     def is_open(self, slot: int) -> bool:
         """Whether ``slot`` names an open table."""
@@ -230,8 +289,14 @@ class PagedKVManager:
         """
         self.extend_many(slots, self.pages_to_grow(slots, num_tokens))
 
-    def extend_many(self, slots: Int32Array, num_pages: NDArray[np.int64]) -> None:
+    def extend_many(self, slots: Int32Array, num_pages: NDArray[np.int64]) -> Evicted | None:
         """Append ``num_pages[i]`` pages to table ``slots[i]``, for distinct open slots; all or nothing.
+
+        Fresh pages come from the free pool; when it runs short, the least recently released
+        idle cached pages are evicted for them.
+
+        Returns:
+            What was evicted, for :meth:`unevict` after :meth:`retract` (``None`` if nothing was).
 
         Raises:
             OutOfPagesError: Too few free pages; nothing was allocated.
@@ -239,9 +304,10 @@ class PagedKVManager:
         """
         total = int(num_pages.sum())
         if total == 0:
-            return
-        if total > self._num_free:
-            raise OutOfPagesError(total, self._num_free)
+            return None
+        if total > self.num_free_pages:
+            raise OutOfPagesError(total, self.num_free_pages)
+        evicted = self._evict(total - self._num_free) if total > self._num_free else None
         growing = num_pages > 0
         slots, need = slots[growing], num_pages[growing]
         new_counts = self._count[slots] + need
@@ -257,6 +323,7 @@ class PagedKVManager:
             rows, cols = _layout(slots, self._count[slots], need)
             self._table[rows, cols] = fresh
         self._count[slots] = new_counts.astype(np.int32)
+        return evicted
 
     def retract(self, slots: Int32Array, num_pages: Int32Array) -> None:
         """Shrink table ``slots[i]`` back to its first ``num_pages[i]`` pages (undoes :meth:`extend_many`).
@@ -273,46 +340,22 @@ class PagedKVManager:
         rows, cols = _layout(slots, keep, current[shrink] - keep)
         pages = self._table[rows, cols]
         np.subtract.at(self._refcount, pages, 1)
-        released = pages[self._refcount[pages] == 0] if self._forked else pages
+        released = pages[self._refcount[pages] == 0] if self._shared else pages
+        released = np.asarray(self._park(released[::-1].tolist()), dtype=np.int32)
         top = self._num_free
-        self._free[top : top + len(released)] = released[::-1]
+        self._free[top : top + len(released)] = released
         self._num_free += len(released)
         self._table[rows, cols] = _NO_PAGE
         self._count[slots] = keep
+        self._hashed[slots] = np.minimum(self._hashed[slots], keep)
 
-    def allocate(self, slot: int, num_pages: int) -> Int32Array:
-        """Append ``num_pages`` pages to table ``slot`` and return them.
-
-        Returns:
-            int32 ``[num_pages]``: the new page ids, in token order (a read-only copy).
-
-        Raises:
-            OutOfPagesError: Too few free pages; nothing was allocated.
-
-        """
-        self._check_open(slot)
-        if not is_int(num_pages) or num_pages < 0:
-            msg = f"num_pages must be a non-negative int, got {num_pages!r}"
-            raise InvalidArgumentError(msg)
-        before = int(self._count[slot])
-        self.grow_to(slot, (before + num_pages) * self.page_size)
-        return _read_only(self._table[slot, before : before + num_pages].copy())
-
-    def fork(self, slot: int, num_tokens: int) -> int:
-        """Open a table sharing the full pages of ``slot``'s first ``num_tokens`` tokens.
-
-        Only whole pages are shared: the new table writes its own tokens into its own pages,
-        so a shared page is never written twice.
-        """
-        self._check_open(slot)
-        shared = min(num_tokens // self.page_size, int(self._count[slot]))
-        child = self.open()
-        pages = self._table[slot, :shared]
-        self._table[child, :shared] = pages
-        self._count[child] = shared
-        self._refcount[pages] += 1
-        self._forked = True
-        return child
+    def unevict(self, evicted: Evicted | None) -> None:
+        """Undo the evictions of an :meth:`extend_many` call, once :meth:`retract` has undone its growth."""
+        if evicted is None:
+            return
+        assert self._cache is not None
+        self._num_free -= len(evicted.pages)  # retract left them on top of the pool, where eviction put them
+        self._cache.unevict(evicted)
 
     def free(self, slot: int) -> None:
         """Free table ``slot``: pages whose last reference it held return to the pool."""
@@ -331,12 +374,17 @@ class PagedKVManager:
         if len(slots) == 0:
             return FreedTables(slots, counts, np.empty(0, np.int32), 0, held)
         _, pages = self.gather(slots, counts)
-        if self._forked:  # a page may appear in several of these tables: count every reference
+        if self._shared:  # a page may appear in several of these tables: count every reference
             np.subtract.at(self._refcount, pages, 1)
             released = np.unique(pages[self._refcount[pages] == 0])
         else:  # every page has one owner, so each appears once and is released
             self._refcount[pages] = 0
             released = pages
+        parked = ()
+        if self._cache is not None:
+            plain = self._park(released.tolist())
+            parked = tuple(sorted(set(released.tolist()) - set(plain)))
+            released = np.asarray(plain, dtype=np.int32)
         top = self._num_free
         self._free[top : top + len(released)] = released
         self._num_free += len(released)
@@ -344,7 +392,9 @@ class PagedKVManager:
         self._count[slots] = 0
         self._open[slots] = False
         self._free_slots.extend(int(s) for s in slots)
-        return FreedTables(slots, counts, pages, len(released), held)
+        hashed = self._hashed[slots]
+        self._hashed[slots] = 0
+        return FreedTables(slots, counts, pages, len(released), held, parked, hashed)
 
     def unfree(self, freed: FreedTables) -> None:
         """Undo the :meth:`free_many` call that returned ``freed``; nothing else may have changed since."""
@@ -361,11 +411,117 @@ class PagedKVManager:
         self._count[freed.slots] = freed.counts
         self._open[freed.slots] = True
         del self._free_slots[-len(freed.slots) :]
+        if self._cache is not None and freed.hashed is not None:
+            self._cache.unpark(freed.parked)  # parked last, so the LRU is as it was
+            self._hashed[freed.slots] = freed.hashed
 
     def close_empty(self, slot: int) -> None:
         """Undo :meth:`open`: close table ``slot``, which must hold no pages, and hand out its slot next."""
         self._open[slot] = False
         self._free_slots.append(slot)
+
+    # ---------------------------------------------------------------- prefix cache
+    def cached_prefix(self, hashes: list[int], max_pages: int) -> int:
+        """Leading pages of ``hashes`` (a sequence's page hashes) cached now, at most ``max_pages``."""
+        if self._cache is None or max_pages <= 0:
+            return 0
+        return len(self._cache.lookup(hashes[:max_pages]))
+
+    def claim(self, slot: int, hashes: list[int], num_pages: int, *, queried: int) -> Claim | None:
+        """Start empty table ``slot`` with the cached pages of ``hashes[:num_pages]``, shared.
+
+        Claimed pages are referenced, so they cannot be evicted while the table holds them.
+
+        Args:
+            slot: An open, empty table.
+            hashes: The sequence's page hashes.
+            num_pages: How many to claim; :meth:`cached_prefix` must have found at least as many.
+            queried: Pages the lookup covered, for the hit counters.
+
+        Returns:
+            What :meth:`unclaim` needs, or ``None`` when caching is off.
+        """
+        if self._cache is None:
+            return None
+        pages = self._cache.lookup(hashes[:num_pages])
+        if len(pages) != num_pages or self._count[slot]:
+            msg = f"cannot claim {num_pages} cached pages for table {slot}: {len(pages)} are cached"
+            raise InvalidArgumentError(msg)
+        idle = [p for p in pages if self._refcount[p] == 0]
+        stamps = self._cache.unpark(idle)
+        self._ensure_width(num_pages)
+        self._table[slot, :num_pages] = pages
+        self._count[slot] = num_pages
+        self._hashed[slot] = num_pages
+        self._refcount[pages] += 1
+        self._cache.count_lookup(queried, num_pages)
+        return Claim(slot, tuple(pages), tuple(idle), stamps, queried)
+
+    def unclaim(self, claim: Claim | None) -> None:
+        """Undo :meth:`claim`: the table is empty again and the pages as they were."""
+        if claim is None or self._cache is None:
+            return
+        pages = list(claim.pages)
+        self._refcount[pages] -= 1
+        self._table[claim.slot, : len(pages)] = _NO_PAGE
+        self._count[claim.slot] = 0
+        self._hashed[claim.slot] = 0
+        self._cache.repark(claim.unparked, claim.stamps)
+        self._cache.count_lookup(-claim.queried, -len(pages))
+
+    def pages_to_hash(self, slots: Int32Array, num_computed: Int32Array) -> Int32Array:
+        """int32 ``[K]``: full pages of each table not yet offered to the cache (all 0 when caching is off).
+
+        Only pages below the table's :meth:`limit_naming` count, so a request whose content is
+        unknown past its prompt costs nothing per step.
+        """
+        if self._cache is None:
+            return np.zeros(len(slots), dtype=np.int32)
+        full = np.minimum(num_computed // self.page_size, self._nameable[slots])
+        due: Int32Array = np.maximum(full - self._hashed[slots], 0).astype(np.int32)
+        return due
+
+    def limit_naming(self, slot: int, num_pages: int) -> None:
+        """Only table ``slot``'s first ``num_pages`` pages can ever be named (its content is unknown past them)."""
+        self._nameable[slot] = min(num_pages, INT32_MAX)
+
+    def register(self, slot: int, hashes: list[int], num_pages: int | None = None) -> Registration:
+        """Offer table ``slot``'s next ``num_pages`` full pages to the cache (all of ``hashes`` by default).
+
+        The first ``len(hashes)`` of them are named by ``hashes``, in order; the rest have no
+        known content (a length-only request's generated tokens) and stay unnamed.
+        """
+        assert self._cache is not None
+        first = int(self._hashed[slot])
+        offered = len(hashes) if num_pages is None else num_pages
+        hashes = hashes[:offered]
+        pages = self._table[slot, first : first + len(hashes)].tolist()
+        registered = self._cache.register(pages, hashes)
+        self._hashed[slot] = first + offered
+        return Registration(slot, offered, registered)
+
+    def unregister(self, registration: Registration) -> None:
+        """Undo :meth:`register`."""
+        assert self._cache is not None
+        self._cache.unregister(registration.registered)
+        self._hashed[registration.slot] -= registration.offered
+
+    def _park(self, pages: list[int]) -> list[int]:
+        """Keep released hashed pages cached (idle); return the others, for the plain pool."""
+        cache = self._cache
+        if cache is None or not cache.num_hashed:
+            return pages
+        cache.park(p for p in pages if cache.is_hashed(p))
+        return [p for p in pages if not cache.is_hashed(p)]
+
+    def _evict(self, count: int) -> Evicted:
+        """Drop ``count`` idle cached pages and put them on top of the free pool."""
+        assert self._cache is not None
+        evicted = self._cache.evict(count)
+        top = self._num_free
+        self._free[top : top + count] = evicted.pages
+        self._num_free += count
+        return evicted
 
     # ---------------------------------------------------------------- holds, for P/D
     def defer_free(self, slot: int) -> None:
@@ -428,6 +584,13 @@ class PagedKVManager:
         free = self._free[: self._num_free]
         assert len(np.unique(free)) == self._num_free, "a page is free twice"
         assert np.all(self._refcount[free] == 0), "a free page is still referenced"
+        if self._cache is not None:
+            idle = np.array(self._cache.idle_pages(), dtype=np.int32)
+            assert not np.any(self._refcount[idle]), "an idle cached page is referenced"
+            assert all(self._cache.is_hashed(int(p)) for p in idle), "an idle page has no hash"
+            assert not np.intersect1d(idle, free).size, "a page is both idle and free"
+            assert not any(self._cache.is_hashed(int(p)) for p in free), "a free page keeps a hash"
+            assert self._num_free + len(idle) + np.count_nonzero(self._refcount) == self.num_pages, "pages lost"
         open_slots = np.flatnonzero(self._open).astype(np.int32)
         _, pages = self.gather(open_slots, self._count[open_slots])
         expected = np.bincount(pages, minlength=self.num_pages)
@@ -446,6 +609,8 @@ class PagedKVManager:
         self._table = np.vstack([self._table, np.full_like(self._table, _NO_PAGE)])
         self._count = np.concatenate([self._count, np.zeros(old, dtype=np.int32)])
         self._count_view = _read_only(self._count)
+        self._hashed = np.concatenate([self._hashed, np.zeros(old, dtype=np.int32)])
+        self._nameable = np.concatenate([self._nameable, np.full(old, INT32_MAX, dtype=np.int32)])
         self._open = np.concatenate([self._open, np.zeros(old, dtype=bool)])
         self._deferred = np.concatenate([self._deferred, np.zeros(old, dtype=bool)])
         self._held = np.concatenate([self._held, np.zeros(old, dtype=bool)])

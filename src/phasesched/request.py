@@ -18,6 +18,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from phasesched.errors import InvalidRequestError
+from phasesched.prefix import PromptBlocks
 from phasesched.validators import INT32_MAX, INT64_MAX, number, optional, whole
 
 __all__ = [
@@ -172,6 +173,9 @@ class Request:
         priority: Lower values are served first by priority queue orders (vLLM's convention).
         slo: Optional latency objectives, used by SLO-aware policies and goodput.
         sampling: How tokens are drawn.
+        prompt_blocks: The prompt's content as block hashes, for a length-only request replayed
+            from a trace that names its blocks (Mooncake's ``hash_ids``): prefix caching uses
+            them where it would hash token ids.
 
     >>> Request("a", prompt_len=4, max_new_tokens=2).prompt_len
     4
@@ -191,6 +195,7 @@ class Request:
     priority: int = 0
     slo: SLO | None = None
     sampling: SamplingParams = attrs.field(factory=SamplingParams)
+    prompt_blocks: PromptBlocks | None = None
 
     def __attrs_post_init__(self) -> None:
         if not _plainly_valid(self):  # the common case costs one expression; the rest names the bad field
@@ -227,6 +232,7 @@ _REQUEST_FIELDS: dict[str, Callable[[object, attrs.Attribute[Any], Any], None]] 
     "priority": whole(error=InvalidRequestError, ge=-INT64_MAX - 1, le=INT64_MAX),
     "slo": optional(_instance_of(SLO)),
     "sampling": _instance_of(SamplingParams),
+    "prompt_blocks": optional(_instance_of(PromptBlocks)),
 }
 """Each checked field of :class:`Request` and its validator, run in full when the fast check fails."""
 
@@ -248,4 +254,5 @@ def _plainly_valid(request: Request) -> bool:
         and -INT64_MAX - 1 <= request.priority <= INT64_MAX
         and (request.slo is None or type(request.slo) is SLO)
         and type(request.sampling) is SamplingParams
+        and (request.prompt_blocks is None or type(request.prompt_blocks) is PromptBlocks)
     )

@@ -37,6 +37,8 @@ from phasesched.policies.builder import BatchBuilder, checked_chunk
 from phasesched.policies.chunking import ChunkContext, PrefillCandidate
 from phasesched.policies.policy import SchedulingPolicy
 from phasesched.policies.priority import EVERY_DECODE_PRIORITIES
+from phasesched.policies.queue_order import CacheAwareOrder
+from phasesched.prefix import block_page_hashes, extend_page_hashes
 from phasesched.request import FinishReason, Request, RequestStatus
 from phasesched.running import RunningArrays
 from phasesched.selection import CheckedSelection, Selection, check_selection
@@ -54,6 +56,16 @@ def _expect(value: object, kind: type | tuple[type, ...], error: type[Exception]
     if not isinstance(value, kind):
         msg = f"{what} must be a {getattr(kind, '__name__', kind)}, got {value!r}"
         raise error(msg)
+
+
+def prompt_page_hashes(request: Request, page_size: int) -> list[int]:
+    """Chained hashes of a request's full prompt pages: from its token ids, else its trace block hashes."""
+    hashes: list[int] = []
+    if request.prompt_token_ids is not None:
+        extend_page_hashes(hashes, request.prompt_token_ids, page_size, request.prompt_len // page_size)
+    elif request.prompt_blocks is not None:
+        hashes = block_page_hashes(request.prompt_blocks, page_size, request.prompt_len)
+    return hashes
 
 
 def _frozen(array: Int32Array) -> Int32Array:
@@ -141,7 +153,12 @@ class Scheduler:
         _expect(policy, (SchedulingPolicy, type(None)), InvalidArgumentError, "Scheduler's policy")
         self.config = config
         self.policy = policy or SchedulingPolicy(name="default")
-        self.kv = PagedKVManager(config.num_pages, config.page_size, watermark=config.watermark)
+        self.kv = PagedKVManager(
+            config.num_pages,
+            config.page_size,
+            watermark=config.watermark,
+            enable_prefix_caching=self.policy.enable_prefix_caching,
+        )
         self._arrays = RunningArrays()
         self._running: Int32Array = _frozen(np.empty(0, dtype=np.int32))  # admission order
         self._waiting = WaitingQueue()
@@ -154,6 +171,8 @@ class Scheduler:
         # Steady all-decode steps are built without asking the policy, for the built-in phase
         # priorities that are known (and property-tested) to schedule every decode then.
         self._steady_fast_path = type(self.policy.priority) in EVERY_DECODE_PRIORITIES
+        order = self.policy.queue_order
+        self._rerank = order if isinstance(order, CacheAwareOrder) else None  # checked once: a Protocol check is slow
         self._holds: dict[str, tuple[int, HeldKV]] = {}  # P/D: finished requests' KV, held until released
 
     # ------------------------------------------------------------------ requests
@@ -189,6 +208,8 @@ class Scheduler:
         outputs: list[int] | None = [] if request.has_token_ids else None
         key = self.policy.queue_order.key(request)
         seq = SequenceState(request, key, outputs=outputs, precomputed=int(precomputed_tokens))
+        if self.kv.prefix_caching:
+            seq.page_hashes = prompt_page_hashes(request, self.kv.page_size)
         self._waiting.push(seq)  # first: the one step that can refuse (a plugin's incomparable key)
         self._seqs[request.request_id] = seq
         self._version += 1
@@ -299,6 +320,7 @@ class Scheduler:
             running=self._running,
             waiting=self._waiting,
             max_model_len=self.config.max_model_len,
+            rerank=self._rerank,
         )
         builder = BatchBuilder(view, self.policy.chunker, self.policy.preemption)
         selection: object = self.policy.priority.select(view, builder)  # a plugin may return anything
@@ -360,6 +382,8 @@ class Scheduler:
         journal.record(undo)
         arrays.computed[slots] = plan.kv_len
         done, reasons = self._record_tokens(plan, result)
+        if self.kv.prefix_caching:
+            self._register_pages(slots, plan.kv_len, journal)
         if not reasons:
             return ()
         self._save_scalars(journal)
@@ -691,10 +715,11 @@ class Scheduler:
             self._save_scalars(journal)
         preempted = [*self._carried_preempted, *self._preempt(selection.preempted, journal)]
         slots, start, known, num_new = selection.running_slots, checked.start, checked.known, selection.running_tokens
-        self._extend(slots, checked.new_pages, journal)
         new_requests: list[Request] = []
+        if selection.admitted:  # first, so cached prefixes are claimed before growth may evict them
+            admitted, new_requests = self._admit(selection.admitted, checked.admitted_cached, journal)
+        self._extend(slots, checked.new_pages, journal)
         if selection.admitted:
-            admitted, new_requests = self._admit(selection.admitted, journal)
             admitted_tokens = np.asarray(selection.admitted_tokens, dtype=np.int32)
             admitted_start = arrays.computed[admitted]  # precomputed (transferred) tokens, usually 0
             self._extend(admitted, self.kv.pages_to_grow(admitted, admitted_start + admitted_tokens), journal)
@@ -729,8 +754,13 @@ class Scheduler:
         if not np.count_nonzero(num_pages):  # most decode steps cross no page boundary
             return
         counts = self.kv.page_counts[slots]  # a copy (fancy indexing), for the undo
-        self.kv.extend_many(slots, num_pages)
-        journal.record(lambda: self.kv.retract(slots, counts))
+        evicted = self.kv.extend_many(slots, num_pages)
+
+        def undo() -> None:
+            self.kv.retract(slots, counts)
+            self.kv.unevict(evicted)
+
+        journal.record(undo)
 
     def _preempt(self, victims: tuple[int, ...], journal: Journal) -> list[str]:
         if not victims:
@@ -757,7 +787,9 @@ class Scheduler:
         self._released.extend(ids)
         return ids
 
-    def _admit(self, request_ids: tuple[str, ...], journal: Journal) -> tuple[Int32Array, list[Request]]:
+    def _admit(
+        self, request_ids: tuple[str, ...], cached_pages: tuple[int, ...], journal: Journal
+    ) -> tuple[Int32Array, list[Request]]:
         slots = np.empty(len(request_ids), dtype=np.int32)
         requests = []
         for i, request_id in enumerate(request_ids):
@@ -766,6 +798,10 @@ class Scheduler:
             slot = self.kv.open()
             journal.record(functools.partial(self.kv.close_empty, slot))
             self._arrays.load(slot, seq, self.config.max_model_len)
+            if self.kv.prefix_caching:
+                self.kv.limit_naming(slot, INT32_MAX if seq.outputs is not None else len(seq.page_hashes))
+                if not seq.precomputed:
+                    self._claim(slot, seq, cached_pages[i], journal)
             seq.slot, seq.status = slot, RequestStatus.RUNNING
             journal.record(functools.partial(self._arrays.unload, np.array([slot], np.int32)))
             slots[i] = slot
@@ -773,6 +809,32 @@ class Scheduler:
         if len(slots):
             self._running = _frozen(np.concatenate([self._running, slots]))
         return slots, requests
+
+    def _claim(self, slot: int, seq: SequenceState, num_pages: int, journal: Journal) -> None:
+        """Start ``slot`` from the cached pages of its prefix, as checked: its computed tokens begin there."""
+        hashes = seq.claimable_hashes(self.kv.page_size)
+        claim = self.kv.claim(slot, hashes, num_pages, queried=len(hashes))
+        journal.record(functools.partial(self.kv.unclaim, claim))
+        self._arrays.computed[slot] = num_pages * self.kv.page_size
+
+    def _register_pages(self, slots: Int32Array, computed: Int32Array, journal: Journal) -> None:
+        """Name the pages that filled in this step by their content hashes, for later requests to claim."""
+        due = self.kv.pages_to_hash(slots, computed)
+        for i in np.flatnonzero(due).tolist():
+            slot, seq = int(slots[i]), self._arrays.seqs[slots[i]]
+            full = int(computed[i]) // self.kv.page_size
+            known = len(seq.page_hashes)
+            if known < full and self._arrays.has_ids[slot]:  # generated tokens: hash as their pages fill
+                size = self.kv.page_size
+                tokens = self._arrays.tokens.row(slot, known * size, full * size)  # only the new pages' tokens
+                extend_page_hashes(seq.page_hashes, tokens, size, full, offset=known * size)
+                journal.record(functools.partial(self._truncate_hashes, seq, known))
+            registration = self.kv.register(slot, seq.page_hashes[full - int(due[i]) : full], int(due[i]))
+            journal.record(functools.partial(self.kv.unregister, registration))
+
+    @staticmethod
+    def _truncate_hashes(seq: SequenceState, length: int) -> None:
+        del seq.page_hashes[length:]
 
     def _readmit(self, seq: SequenceState, status: RequestStatus) -> None:
         """Undo an admission's removal from the waiting queue: same key, same place."""

@@ -104,6 +104,7 @@ class CheckedSelection:
         start: int32 ``[R]``: tokens in each scheduled running request's cache.
         known: int32 ``[R]``: tokens known for each of them.
         new_pages: int64 ``[R]``: KV pages each of them needs for this step.
+        admitted_cached: Cached prefix pages each admission claims (prefix caching; else 0s).
 
     """
 
@@ -111,6 +112,7 @@ class CheckedSelection:
     start: Int32Array
     known: Int32Array
     new_pages: NDArray[np.int64]
+    admitted_cached: tuple[int, ...] = ()
 
 
 def check_selection(  # noqa: PLR0913 -- the state a proposal is checked against, passed explicitly
@@ -146,7 +148,7 @@ def check_selection(  # noqa: PLR0913 -- the state a proposal is checked against
         _require(
             not np.count_nonzero(tokens > known - start), "a request is given more tokens than it has left to compute"
         )
-    admitted_pages, whole_pages = _check_admitted(selection, waiting, kv) if selection.admitted else (0, 0)
+    admitted_pages, whole_pages, cached = _check_admitted(selection, waiting, kv) if selection.admitted else (0, 0, ())
     num_running = len(running) - len(selection.preempted) + len(selection.admitted)
     _require(
         num_running <= budget.max_num_seqs, f"{num_running} running sequences exceed max_num_seqs={budget.max_num_seqs}"
@@ -158,7 +160,7 @@ def check_selection(  # noqa: PLR0913 -- the state a proposal is checked against
     )
     new_pages = kv.pages_to_grow(slots, start + tokens)
     _check_pages(int(new_pages.sum()), admitted_pages, whole_pages, selection, kv)
-    return CheckedSelection(selection, start, known, new_pages)
+    return CheckedSelection(selection, start, known, new_pages, cached)
 
 
 def _require(ok: bool, message: str) -> None:
@@ -180,25 +182,32 @@ def _check_slots(slots: Int32Array, preempted: tuple[int, ...], arrays: RunningA
     _require(np.count_nonzero(seen) == len(everyone), "a running request is scheduled or preempted twice")
 
 
-def _check_admitted(selection: Selection, waiting: WaitingQueue, kv: PagedKVManager) -> tuple[int, int]:
-    """Check the admissions; return the KV pages they take this step and those their whole prefills need.
+def _check_admitted(
+    selection: Selection, waiting: WaitingQueue, kv: PagedKVManager
+) -> tuple[int, int, tuple[int, ...]]:
+    """Check the admissions; return the pages they take now, those their whole prefills need, and their cached ones.
 
-    Both count precomputed (transferred) tokens.
+    The page counts include precomputed (transferred) and cached tokens: a cached page claimed
+    from the idle cache is one fewer free page, and counting a shared one too only errs safe.
     """
     _require(len(set(selection.admitted)) == len(selection.admitted), "a waiting request is admitted twice")
     pages = whole = 0
+    cached: list[int] = []
     for request_id, num in zip(selection.admitted, selection.admitted_tokens, strict=True):
         seq = waiting.get(request_id)
         _require(seq is not None, f"admitted request {request_id!r} is not waiting")
         assert seq is not None
-        left = seq.num_tokens - seq.precomputed
+        hits = kv.cached_prefix(seq.claimable_hashes(kv.page_size), seq.num_tokens)
+        start = max(seq.precomputed, hits * kv.page_size)
+        left = seq.num_tokens - start
         _require(
             isinstance(num, (int, np.integer)) and 0 < num <= left,
             f"admitted request {request_id!r} given {num} tokens of {left}",
         )
-        pages += kv.pages_for(seq.precomputed + int(num))
+        pages += kv.pages_for(start + int(num))
         whole += kv.pages_for(seq.num_tokens)
-    return pages, whole
+        cached.append(hits)
+    return pages, whole, tuple(cached)
 
 
 def _check_pages(growth: int, admitted: int, whole: int, selection: Selection, kv: PagedKVManager) -> None:

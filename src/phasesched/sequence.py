@@ -31,6 +31,19 @@ class SequenceState:
     transfer); lost, and recomputed locally, if the request is preempted."""
     hold_kv: bool = False
     """Keep its KV pages held when it finishes, until released (a disaggregated prefill)."""
+    page_hashes: list[int] = attrs.Factory(list)
+    """Content hashes of its full pages known so far (prefix caching only): the prompt's from
+    the start, generated ones as their pages fill."""
+
+    def claimable_hashes(self, page_size: int) -> list[int]:
+        """Hashes of the pages it could claim from the prefix cache on admission.
+
+        At least one token is always left to compute, whose logits give the next token (as
+        vLLM does when a whole prompt is cached); a request bringing transferred KV claims nothing.
+        """
+        if self.precomputed:
+            return []
+        return self.page_hashes[: (self.num_tokens - 1) // page_size]
 
     @property
     def num_tokens(self) -> int:

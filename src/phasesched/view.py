@@ -9,6 +9,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from phasesched.errors import InvalidPlanError
+from phasesched.policies.queue_order import CacheAwareOrder
 from phasesched.request import Request
 from phasesched.running import RunningArrays, read_only
 from phasesched.sequence import SequenceState
@@ -33,7 +34,7 @@ class SchedulerView:
         now: The engine's clock at this ``schedule()`` call.
         budget: The step's token and sequence caps.
         page_size: Tokens per KV page.
-        free_pages: Free KV pages.
+        free_pages: Free KV pages (idle cached pages included: they are evicted on demand).
         watermark_pages: Pages admissions must leave free.
         max_model_len: The longest sequence (prompt plus generated) the model accepts.
         running: int32 ``[R]``: slots of running requests, in admission order.
@@ -56,6 +57,7 @@ class SchedulerView:
         running: Int32Array,
         waiting: WaitingQueue,
         max_model_len: int,
+        rerank: CacheAwareOrder | None = None,
     ) -> None:
         self.now = now
         self.budget = budget
@@ -73,6 +75,7 @@ class SchedulerView:
         self._kv = kv
         self._arrays = arrays
         self._waiting = waiting
+        self._rerank = rerank
 
     @property
     def num_generated(self) -> Int32Array:
@@ -98,9 +101,22 @@ class SchedulerView:
         return seq.request
 
     def waiting(self) -> Iterator[WaitingCandidate]:
-        """Waiting requests in queue order, lazily."""
-        for seq in self._waiting.ordered():
-            yield WaitingCandidate(seq.request, seq.num_tokens, seq.num_preemptions, seq.precomputed)
+        """Waiting requests in queue order, lazily (re-ranked first by a cache-aware queue order)."""
+        candidates = (
+            WaitingCandidate(seq.request, seq.num_tokens, seq.num_preemptions, self._computed_at_admission(seq))
+            for seq in self._waiting.ordered()
+        )
+        order = self._rerank
+        if order is not None and len(self._waiting) <= order.max_queue_depth:
+            return iter(sorted(candidates, key=order.rank))  # stable: ties keep the queue's order
+        return candidates
+
+    def _computed_at_admission(self, seq: SequenceState) -> int:
+        """Tokens a waiting request would start with: transferred, or its cached prefix."""
+        kv = self._kv
+        if seq.precomputed or not kv.prefix_caching:
+            return seq.precomputed
+        return kv.cached_prefix(seq.claimable_hashes(kv.page_size), seq.num_tokens) * kv.page_size
 
     def freed_by_preempting(self, slots: Int32Array) -> int:
         """KV pages that preempting ``slots`` would return to the pool.

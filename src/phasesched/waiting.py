@@ -30,7 +30,8 @@ class WaitingCandidate:
     """Tokens known — its prompt plus any tokens generated before a preemption."""
     num_preemptions: int
     num_computed: int = 0
-    """Tokens whose KV it brings (transferred from a prefill worker); 0 for a plain request."""
+    """Tokens whose KV it brings (transferred from a prefill worker) or would claim from the
+    prefix cache if admitted now; 0 for a plain request."""
 
     @property
     def remaining(self) -> int:

@@ -29,6 +29,7 @@ from phasesched.experiments.grid import GridConfig, run_grid
 from phasesched.experiments.mixed_load import MixedLoadConfig, run_mixed_load
 from phasesched.experiments.phase_split import PhaseSplitConfig, run_phase_split
 from phasesched.experiments.prefill_curve import PrefillCurveConfig, run_prefill_curve
+from phasesched.experiments.prefix_cache import PrefixCacheConfig, run_prefix_cache
 from phasesched.experiments.replay import ReplayConfig, run_replay
 from phasesched.sim.workload import Workload
 from phasesched.slo import SLO
@@ -38,7 +39,7 @@ __all__ = ["EXPERIMENTS", "QUICK_REPLAY_LIMIT", "SUITE", "SuiteOptions", "run_ex
 SUITE = ("prefill", "decode", "mixed", "phase-split", "grid")
 """What plain ``phasesched bench`` runs, in order (plus ``replay`` when a trace is given)."""
 
-EXPERIMENTS = (*SUITE, "replay")
+EXPERIMENTS = (*SUITE, "replay", "prefix-cache")
 """Every experiment name ``phasesched bench <experiment>`` accepts."""
 
 QUICK_REPLAY_LIMIT = 64
@@ -117,6 +118,13 @@ def _replay(context: ExperimentContext, options: SuiteOptions) -> ExperimentResu
     return run_replay(context, ReplayConfig(options.trace, rate=options.rate, limit=limit, **targets))
 
 
+def _prefix_cache(context: ExperimentContext, options: SuiteOptions) -> ExperimentResult:
+    config = PrefixCacheConfig.quick() if options.quick else PrefixCacheConfig()
+    if options.trace is not None:
+        config = attrs.evolve(config, trace=options.trace, trace_limit=options.limit or config.trace_limit)
+    return run_prefix_cache(context, config)
+
+
 _RUNNERS: dict[str, Callable[[ExperimentContext, SuiteOptions], ExperimentResult]] = {
     "prefill": _prefill,
     "decode": _decode,
@@ -124,6 +132,7 @@ _RUNNERS: dict[str, Callable[[ExperimentContext, SuiteOptions], ExperimentResult
     "phase-split": _phase_split,
     "grid": _grid,
     "replay": _replay,
+    "prefix-cache": _prefix_cache,
 }
 
 

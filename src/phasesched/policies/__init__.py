@@ -22,12 +22,17 @@ from phasesched.policies.priority import EqualProgress as EqualProgress
 from phasesched.policies.priority import PhasePriority as PhasePriority
 from phasesched.policies.priority import PrefillFirst as PrefillFirst
 from phasesched.policies.queue_order import FCFS as FCFS
+from phasesched.policies.queue_order import CacheAwareAging as CacheAwareAging
+from phasesched.policies.queue_order import CacheAwareOrder as CacheAwareOrder
+from phasesched.policies.queue_order import LongestPrefixMatch as LongestPrefixMatch
 from phasesched.policies.queue_order import PriorityOrder as PriorityOrder
 from phasesched.policies.queue_order import QueueOrder as QueueOrder
 from phasesched.policies.queue_order import ShortestRemainingPrefill as ShortestRemainingPrefill
 
 __all__ = [
     "FCFS",
+    "CacheAwareAging",
+    "CacheAwareOrder",
     "ChunkContext",
     "ChunkSizer",
     "DecodeFirst",
@@ -36,6 +41,7 @@ __all__ = [
     "FixedChunk",
     "LatestArrival",
     "LongPrefillThreshold",
+    "LongestPrefixMatch",
     "LowestPriority",
     "NoChunking",
     "PhasePriority",

@@ -42,6 +42,9 @@ class SchedulingPolicy:
         priority: Order of decodes, ongoing prefills and new prompts within a step.
         queue_order: Order of the waiting queue.
         preemption: Victim choice, and whether waiting requests may preempt.
+        enable_prefix_caching: Share the KV of equal prompt prefixes (vLLM's
+            ``enable_prefix_caching``): a request admitted with a cached prefix computes, and is
+            budgeted and chunked for, only the rest (see :doc:`/explanation/prefix-caching`).
 
     >>> SchedulingPolicy(name="mine").chunker
     FixedChunk(size=512)
@@ -54,3 +57,4 @@ class SchedulingPolicy:
     priority: PhasePriority = attrs.field(factory=DecodeFirst, validator=_kind(PhasePriority))
     queue_order: QueueOrder = attrs.field(factory=FCFS, validator=_kind(QueueOrder))
     preemption: PreemptionPolicy = attrs.field(factory=PreemptionPolicy, validator=_kind(PreemptionPolicy))
+    enable_prefix_caching: bool = attrs.field(default=False, validator=_kind(bool))

@@ -44,6 +44,8 @@ class PolicyOptions:
         chunk_size: Override of the prefill chunk size, for presets that have one.
         cost_model: Step-time predictor, required by SLO-adaptive presets.
         tbt_target_s: Time-between-tokens target for SLO-adaptive presets.
+        enable_prefix_caching: Override of the preset's prefix caching (on for the engines
+            that default to it: vLLM V1 and SGLang; off for the others).
 
     """
 
@@ -53,6 +55,9 @@ class PolicyOptions:
     chunk_size: int | None = attrs.field(default=None, validator=optional(whole(gt=0)))
     cost_model: CostModel | None = None
     tbt_target_s: float | None = attrs.field(default=None, validator=optional(number(gt=0.0)))
+    enable_prefix_caching: bool | None = attrs.field(
+        default=None, validator=optional(attrs.validators.instance_of(bool))
+    )
 
     def budget(self, tokens: int, seqs: int = 256) -> TokenBudget:
         """A budget with the preset's defaults, overridden where the options say so."""
@@ -61,6 +66,10 @@ class PolicyOptions:
             max_num_seqs=self.max_num_seqs or seqs,
         )
 
+    def prefix_caching(self, *, default: bool) -> bool:
+        """Whether the preset caches prefixes: its own ``default`` unless the options say otherwise."""
+        return default if self.enable_prefix_caching is None else self.enable_prefix_caching
+
 
 def vllm(options: PolicyOptions) -> SchedulingPolicy:
     """The default of vLLM V1: one shared token budget, decode-first, FCFS, recompute preemption.
@@ -68,10 +77,21 @@ def vllm(options: PolicyOptions) -> SchedulingPolicy:
     Running requests (decodes and ongoing chunks) are served before waiting ones, and a prompt
     is chunked by whatever budget is left (8192 tokens, 256 sequences). Differs from vLLM:
     at most one prefill is part-way at a time (vLLM's ``max_num_partial_prefills=1`` default,
-    which its V1 scheduler declares but does not enforce); no prefix caching.
+    which its V1 scheduler declares but does not enforce).
+
+    Prefix caching is on, as vLLM V1's ``enable_prefix_caching`` default is: a request claims
+    the cached full pages of its prompt at admission and computes (and is budgeted for) the
+    rest, at least its last token, as vLLM does. Pass
+    ``PolicyOptions(enable_prefix_caching=False)`` for ``--no-enable-prefix-caching``.
     """
     chunker = LongPrefillThreshold(long_prefill_token_threshold=options.chunk_size or 0)
-    return SchedulingPolicy(name="vllm", budget=options.budget(8192), chunker=chunker, priority=DecodeFirst())
+    return SchedulingPolicy(
+        name="vllm",
+        budget=options.budget(8192),
+        chunker=chunker,
+        priority=DecodeFirst(),
+        enable_prefix_caching=options.prefix_caching(default=True),
+    )
 
 
 def vllm_priority(options: PolicyOptions) -> SchedulingPolicy:
@@ -115,12 +135,22 @@ def sglang(options: PolicyOptions) -> SchedulingPolicy:
     """SGLang's default: prefill-first, one chunked request in flight, 8192-token chunks.
 
     When prompts wait, a step runs them (up to ``chunked_prefill_size`` tokens) and decodes
-    pause; only one request may be part-way through its prefill. Differs from SGLang: no
-    radix-cache (prefix) ordering, and the mixed-chunk option is ``PrefillFirst(mix_decodes=True)``.
+    pause; only one request may be part-way through its prefill. Its radix cache is on, as in
+    SGLang (prefix caching over full pages; ``PolicyOptions(enable_prefix_caching=False)`` is
+    ``--disable-radix-cache``). Differs from SGLang: the waiting queue stays FCFS (SGLang's
+    default ``lpm`` order is :class:`~phasesched.policies.LongestPrefixMatch`), the cache
+    shares whole pages rather than single tokens, and the mixed-chunk option is
+    ``PrefillFirst(mix_decodes=True)``.
     """
     size = options.chunk_size or 8192
     chunker = LongPrefillThreshold(long_prefill_token_threshold=size, max_num_partial_prefills=1)
-    return SchedulingPolicy(name="sglang", budget=options.budget(size), chunker=chunker, priority=PrefillFirst())
+    return SchedulingPolicy(
+        name="sglang",
+        budget=options.budget(size),
+        chunker=chunker,
+        priority=PrefillFirst(),
+        enable_prefix_caching=options.prefix_caching(default=True),
+    )
 
 
 def orca(options: PolicyOptions) -> SchedulingPolicy:

@@ -7,6 +7,7 @@ from phasesched.sim.arrivals import Burst as Burst
 from phasesched.sim.arrivals import Gamma as Gamma
 from phasesched.sim.arrivals import Periodic as Periodic
 from phasesched.sim.arrivals import Poisson as Poisson
+from phasesched.sim.block_hashes import BlockHashes as BlockHashes
 from phasesched.sim.builders import fixed as fixed
 from phasesched.sim.builders import mixed_load as mixed_load
 from phasesched.sim.builders import synthetic as synthetic
@@ -23,6 +24,8 @@ from phasesched.sim.lengths import LengthDist as LengthDist
 from phasesched.sim.lengths import LogNormal as LogNormal
 from phasesched.sim.lengths import Uniform as Uniform
 from phasesched.sim.link import KVLink as KVLink
+from phasesched.sim.shared_prefix import SharedPrefixes as SharedPrefixes
+from phasesched.sim.shared_prefix import shared_prefix as shared_prefix
 from phasesched.sim.simulator import SimResult as SimResult
 from phasesched.sim.simulator import Simulator as Simulator
 from phasesched.sim.simulator import WorkerStats as WorkerStats
@@ -38,6 +41,7 @@ from phasesched.sim.workload import Workload as Workload
 
 __all__ = [
     "ArrivalProcess",
+    "BlockHashes",
     "Burst",
     "ClosedLoop",
     "Deployment",
@@ -52,6 +56,7 @@ __all__ = [
     "LogNormal",
     "Periodic",
     "Poisson",
+    "SharedPrefixes",
     "SimResult",
     "SimulatedExecutor",
     "SimulationError",
@@ -66,6 +71,7 @@ __all__ = [
     "grid_points",
     "load_trace",
     "mixed_load",
+    "shared_prefix",
     "simulate",
     "synthetic",
     "trace_stats",

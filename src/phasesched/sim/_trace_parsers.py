@@ -53,20 +53,26 @@ class Rows:
     output_len: IntArray
     priority: IntArray | None
     lines: IntArray
+    hash_ids: list[list[int]] | None = None
 
 
 @attrs.frozen
 class JsonKeys:
-    """Where a JSON Lines format keeps each field, and what divides its time into seconds."""
+    """Where a JSON Lines format keeps each field, and what divides its time into seconds.
+
+    ``blocks`` names the optional list of block hash ids, of ``block_size`` tokens each.
+    """
 
     time: str
     time_divisor: float
     prompt: str
     output: str
     priority: str | None
+    blocks: str | None = None
+    block_size: int = 0
 
 
-MOONCAKE_KEYS = JsonKeys("timestamp", 1000.0, "input_length", "output_length", None)
+MOONCAKE_KEYS = JsonKeys("timestamp", 1000.0, "input_length", "output_length", None, "hash_ids", 512)
 GENERIC_KEYS = JsonKeys("arrival_s", 1.0, "prompt_len", "output_len", "priority")
 GENERIC_COLUMNS = ("arrival_s", "prompt_len", "output_len")
 
@@ -230,10 +236,13 @@ def parse_jsonl(lines: Sequence[str], path: Path, keys: JsonKeys) -> Rows:
     outputs: list[int] = []
     priorities: list[int | None] = []
     numbers: list[int] = []
+    hash_ids: list[list[int]] | None = [] if keys.blocks else None
     for lineno, line in enumerate(lines, 1):
         if not line.strip():
             continue
         record = _json_record(line, path, lineno)
+        if hash_ids is not None and keys.blocks:
+            hash_ids = _block_ids(record, keys.blocks, hash_ids, path, lineno)
         times.append(_json_number(record, keys.time, path, lineno) / keys.time_divisor)
         prompts.append(_json_int(record, keys.prompt, path, lineno))
         outputs.append(_json_int(record, keys.output, path, lineno))
@@ -246,7 +255,21 @@ def parse_jsonl(lines: Sequence[str], path: Path, keys: JsonKeys) -> Rows:
         output_len=np.asarray(outputs, dtype=np.int64),
         priority=_all_or_none(priorities, numbers, path),
         lines=np.asarray(numbers, dtype=np.int64),
+        hash_ids=hash_ids,
     )
+
+
+def _block_ids(
+    record: dict[str, Any], key: str, so_far: list[list[int]], path: Path, lineno: int
+) -> list[list[int]] | None:
+    """``so_far`` plus this row's block ids; ``None`` (no blocks for the file) once a row lacks them."""
+    if key not in record:
+        return None
+    ids = record[key]
+    if not isinstance(ids, list) or not all(type(i) is int for i in ids):
+        raise TraceFormatError(path, lineno, f"{key} must be a list of ints")
+    so_far.append(ids)
+    return so_far
 
 
 def _json_record(line: str, path: Path, lineno: int) -> dict[str, Any]:

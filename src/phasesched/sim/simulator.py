@@ -48,6 +48,7 @@ from phasesched.metrics.summary import RunMetrics, summarize
 from phasesched.pd.routing import WorkerLoad, pick_worker
 from phasesched.plan import StepPlan
 from phasesched.policies.policy import SchedulingPolicy
+from phasesched.prefix_cache import CacheStats
 from phasesched.request import Request
 from phasesched.scheduler import Scheduler
 from phasesched.sim._checks import positive_int
@@ -95,6 +96,8 @@ class SimResult:
         wall_s: Wall-clock seconds the simulation took.
         steps: Model steps simulated (fast-forwarded ones included).
         fast_forwarded_steps: Steps taken inside vectorized decode runs.
+        prefix_cache: Prefix-cache counters summed over the workers, in tokens (all zero
+            when the policy does not cache prefixes).
     """
 
     metrics: RunMetrics
@@ -102,6 +105,7 @@ class SimResult:
     wall_s: float
     steps: int
     fast_forwarded_steps: int
+    prefix_cache: CacheStats = attrs.field(factory=CacheStats)
 
     def to_dict(self) -> dict[str, Any]:
         """Metrics plus simulation bookkeeping, JSON-ready."""
@@ -110,6 +114,10 @@ class SimResult:
         out["sim_wall_s"] = self.wall_s
         out["sim_steps"] = self.steps
         out["sim_fast_forwarded_steps"] = self.fast_forwarded_steps
+        cache = self.prefix_cache
+        out["prefix_cache_queried_tokens"] = cache.queried
+        out["prefix_cache_hit_tokens"] = cache.hits
+        out["prefix_cache_hit_rate"] = cache.hit_rate
         out["workers"] = [{"role": w.role.value, "steps": w.steps, "busy_s": w.busy_s} for w in self.workers]
         return out
 
@@ -525,7 +533,17 @@ class Simulator:
         stats = tuple(WorkerStats(w.role, w.steps, w.busy_s) for w in self.workers)
         steps = sum(w.steps for w in self.workers)
         fast = sum(w.fast_forwarded for w in self.workers)
-        return SimResult(metrics, stats, wall_s, steps, fast)
+        return SimResult(metrics, stats, wall_s, steps, fast, _cache_tokens(self.workers))
+
+
+def _cache_tokens(workers: Iterable[_Worker]) -> CacheStats:
+    """The workers' prefix-cache counters, summed and in tokens (their pages times the page size)."""
+    totals = dict.fromkeys(("queried", "hits", "evictions", "registered"), 0)
+    for worker in workers:
+        kv = worker.scheduler.kv
+        for name in totals:
+            totals[name] += getattr(kv.cache_stats, name) * kv.page_size
+    return CacheStats(**totals)
 
 
 def simulate(

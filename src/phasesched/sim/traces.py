@@ -9,10 +9,12 @@ Four formats are read, each detected from the file's first line (the extension i
     nanosecond, and made relative to the earliest row.
 ``mooncake``
     The Mooncake / Kimi FAST'25 traces: JSON Lines with ``timestamp`` (milliseconds from the
-    start of the trace), ``input_length`` and ``output_length``; other keys (``hash_ids``) are
-    ignored. Times are kept as given (already relative). **Mooncake timestamps fall on a ~3 s
-    grid** (about ten requests share each tick), so by default each tick's requests are sent as
-    one batch, as recorded; ``spread_ticks=True`` spreads them evenly within their tick instead.
+    start of the trace), ``input_length`` and ``output_length``; ``hash_ids`` (one id per
+    512-token block of the prompt), when every row has them, become the workload's ``blocks``, so
+    a policy with prefix caching replays the trace's cache hits; other keys are ignored. Times
+    are kept as given (already relative). **Mooncake timestamps fall on a ~3 s grid** (about
+    ten requests share each tick), so by default each tick's requests are sent as one batch, as
+    recorded; ``spread_ticks=True`` spreads them evenly within their tick instead.
 ``csv``
     phasesched's generic format, written by :func:`write_trace`: a header naming the columns
     ``arrival_s`` (seconds, ``>= 0``), ``prompt_len``, ``output_len`` and optionally
@@ -73,6 +75,7 @@ from phasesched.sim._trace_parsers import (
     parse_generic_csv,
     parse_jsonl,
 )
+from phasesched.sim.block_hashes import BlockHashes
 from phasesched.sim.trace_format import TraceFormat, TraceFormatError
 from phasesched.sim.workload import Workload
 
@@ -145,7 +148,10 @@ def load_trace(  # noqa: PLR0913 -- the file plus one keyword per documented rep
         rows = parse_jsonl(lines, path, MOONCAKE_KEYS if fmt is TraceFormat.MOONCAKE else GENERIC_KEYS)
     rows = _checked(rows, path, zero_output=zero_output, sort=sort)
     arrival_s = _spread_ties(rows.arrival_s) if spread_ticks else rows.arrival_s
-    return Workload(name or path.stem, arrival_s, rows.prompt_len, rows.output_len, rows.priority)
+    blocks = None
+    if rows.hash_ids is not None and fmt is TraceFormat.MOONCAKE:
+        blocks = BlockHashes.from_lists(MOONCAKE_KEYS.block_size, rows.hash_ids)
+    return Workload(name or path.stem, arrival_s, rows.prompt_len, rows.output_len, rows.priority, blocks)
 
 
 # --------------------------------------------------------------------------------------------
@@ -214,7 +220,10 @@ def _ordered(rows: Rows, path: Path, *, sort: bool) -> Rows:
 
 def _take(rows: Rows, index: IntArray) -> Rows:
     priority = None if rows.priority is None else rows.priority[index]
-    return Rows(rows.arrival_s[index], rows.prompt_len[index], rows.output_len[index], priority, rows.lines[index])
+    hash_ids = None if rows.hash_ids is None else [rows.hash_ids[i] for i in index.tolist()]
+    return Rows(
+        rows.arrival_s[index], rows.prompt_len[index], rows.output_len[index], priority, rows.lines[index], hash_ids
+    )
 
 
 def _spread_ties(t: FloatArray) -> FloatArray:

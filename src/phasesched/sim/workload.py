@@ -24,6 +24,7 @@ from numpy.typing import ArrayLike, NDArray
 from phasesched.errors import InvalidArgumentError
 from phasesched.request import Request, SamplingParams
 from phasesched.sim._checks import check_positive_finite, int_column, positive_int, time_column
+from phasesched.sim.block_hashes import BlockHashes
 from phasesched.validators import typed
 
 __all__ = ["Workload"]
@@ -58,6 +59,9 @@ class Workload:
         prompt_len: int64 ``[N]``: prompt tokens, each ``>= 1``.
         output_len: int64 ``[N]``: tokens to generate, each ``>= 1``.
         priority: int64 ``[N]`` or ``None``: request priorities (lower is served first).
+        blocks: Each prompt's block hashes (a Mooncake trace's ``hash_ids``), or ``None``:
+            with them, requests carry :class:`~phasesched.prefix.PromptBlocks` and a policy with
+            prefix caching replays the trace's cache hits.
 
     Raises:
         InvalidArgumentError: if the arrays disagree in length, are out of order, or hold a length below 1.
@@ -75,6 +79,7 @@ class Workload:
     prompt_len: IntArray = attrs.field(converter=_as_array)
     output_len: IntArray = attrs.field(converter=_as_array)
     priority: IntArray | None = attrs.field(default=None, converter=_as_optional_array)
+    blocks: BlockHashes | None = None
 
     def __attrs_post_init__(self) -> None:
         times = time_column(self.arrival_s)
@@ -84,6 +89,9 @@ class Workload:
         object.__setattr__(self, "output_len", int_column(self.output_len, "output_len", n, positive=True))
         if self.priority is not None:
             object.__setattr__(self, "priority", int_column(self.priority, "priority", n, positive=False))
+        if self.blocks is not None and len(self.blocks) != n:
+            msg = f"blocks has {len(self.blocks)} rows for {n} requests"
+            raise InvalidArgumentError(msg)
 
     def __len__(self) -> int:
         return int(self.arrival_s.shape[0])
@@ -197,8 +205,10 @@ class Workload:
                     arrival_time=arrival,
                     priority=priority,
                     sampling=_GREEDY,
+                    prompt_blocks=None if self.blocks is None else self.blocks.row(i),
                 )
 
     def _rows(self, rows: slice) -> Workload:
         priority = None if self.priority is None else self.priority[rows]
-        return Workload(self.name, self.arrival_s[rows], self.prompt_len[rows], self.output_len[rows], priority)
+        blocks = None if self.blocks is None else self.blocks.take(rows)
+        return Workload(self.name, self.arrival_s[rows], self.prompt_len[rows], self.output_len[rows], priority, blocks)

@@ -13,6 +13,7 @@ import numpy as np
 import torch
 
 from phasesched import FinishedRequest, Request, Scheduler, SchedulerConfig, SchedulingPolicy, StepPlan
+from phasesched.prefix_cache import CacheStats
 from phasesched_torch import LlamaConfig, TorchExecutor
 
 TINY = LlamaConfig(vocab_size=512, hidden_size=64, intermediate_size=128, num_layers=2, num_heads=4, num_kv_heads=2)
@@ -25,6 +26,7 @@ class EngineRun:
     finished: dict[str, FinishedRequest] = attrs.field(factory=dict)
     logits: dict[str, list[torch.Tensor]] = attrs.field(factory=lambda: defaultdict(list))
     plans: list[StepPlan] = attrs.field(factory=list)
+    cache_stats: CacheStats = attrs.field(factory=CacheStats)
 
     def outputs(self) -> dict[str, tuple[int, ...]]:
         return {rid: f.output_token_ids for rid, f in self.finished.items()}  # type: ignore[misc]
@@ -55,6 +57,7 @@ def run_engine(
     run = EngineRun()
     for _ in range(max_steps):
         if not scheduler.num_unfinished:
+            run.cache_stats = scheduler.kv.cache_stats
             return run
         plan = scheduler.schedule()
         result = executor.execute(plan)

@@ -1,0 +1,160 @@
+"""The KV manager's prefix cache: which pages hold which hashed prefix, and an LRU of idle ones.
+
+A full page may carry a content hash (see :mod:`phasesched.prefix`). While a table references
+it, it is *in use*; when its last reference goes it becomes *idle*: still cached, counted as
+free, and evicted (its hash dropped) only when a fresh page is wanted and the plain free pool is
+empty, least recently released first. A later request whose page hashes match claims the pages
+instead of computing them again.
+
+Every change here has an exact inverse (``unpark``, ``unevict``, ``unregister``, ...), so the
+scheduler's journal can undo a failed call: idle pages keep the stamp they were parked with,
+and restoring one puts it back in its place in the LRU.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Iterable, Sequence
+from operator import itemgetter
+
+import attrs
+
+__all__ = ["CacheStats", "Evicted", "PrefixCache"]
+
+
+@attrs.frozen
+class CacheStats:
+    """Prefix-cache counters, in pages.
+
+    Attributes:
+        queried: Full prompt pages that admissions looked up.
+        hits: Of those, pages found cached and claimed instead of computed.
+        evictions: Idle cached pages reused for new content.
+        registered: Pages that received a hash when they filled.
+
+    """
+
+    queried: int = 0
+    hits: int = 0
+    evictions: int = 0
+    registered: int = 0
+
+    @property
+    def hit_rate(self) -> float:
+        """Hits per queried page (0 when nothing was queried)."""
+        return self.hits / self.queried if self.queried else 0.0
+
+
+@attrs.frozen(eq=False)
+class Evicted:
+    """Pages :meth:`PrefixCache.evict` dropped, with what :meth:`PrefixCache.unevict` needs (opaque)."""
+
+    pages: tuple[int, ...]
+    hashes: tuple[int, ...]
+    stamps: tuple[int, ...]
+
+
+class PrefixCache:
+    """Hash <-> page maps, the idle LRU and the counters (internal to :class:`~phasesched.kv.PagedKVManager`)."""
+
+    def __init__(self) -> None:
+        self._page_of: dict[int, int] = {}
+        self._hash_of: dict[int, int] = {}
+        self._idle: OrderedDict[int, int] = OrderedDict()  # page -> stamp, least recent first
+        self._stamp = 0
+        self.stats = CacheStats()
+
+    @property
+    def num_idle(self) -> int:
+        """Cached pages no table references."""
+        return len(self._idle)
+
+    @property
+    def num_hashed(self) -> int:
+        """Pages carrying a hash, idle or in use."""
+        return len(self._hash_of)
+
+    def idle_pages(self) -> list[int]:
+        """Idle pages, least recently released first."""
+        return list(self._idle)
+
+    def is_hashed(self, page: int) -> bool:
+        """Whether ``page`` carries a hash."""
+        return page in self._hash_of
+
+    def lookup(self, hashes: Sequence[int]) -> list[int]:
+        """Pages holding the longest cached run of ``hashes`` from the start."""
+        pages = []
+        for value in hashes:
+            page = self._page_of.get(value)
+            if page is None:
+                break
+            pages.append(page)
+        return pages
+
+    # ---------------------------------------------------------------- changes and their inverses
+    def park(self, pages: Iterable[int]) -> None:
+        """Pages whose last reference went: idle, most recently released."""
+        for page in pages:
+            self._stamp += 1
+            self._idle[page] = self._stamp
+
+    def unpark(self, pages: Iterable[int]) -> tuple[int, ...]:
+        """Take idle ``pages`` out of the LRU (a claim, or undoing :meth:`park`); return their stamps."""
+        return tuple(self._idle.pop(page) for page in pages)
+
+    def repark(self, pages: Sequence[int], stamps: Sequence[int]) -> None:
+        """Undo :meth:`unpark`: the pages are idle again, in their old places."""
+        if not pages:
+            return
+        self._idle.update(zip(pages, stamps, strict=True))
+        self._idle = OrderedDict(sorted(self._idle.items(), key=itemgetter(1)))  # rare: only on rollback
+
+    def evict(self, count: int) -> Evicted:
+        """Drop the ``count`` least recently released idle pages from the cache, for reuse."""
+        pages, stamps = [], []
+        for _ in range(count):
+            page, stamp = self._idle.popitem(last=False)
+            pages.append(page)
+            stamps.append(stamp)
+        hashes = tuple(self._hash_of.pop(page) for page in pages)
+        for value in hashes:
+            del self._page_of[value]
+        self._count(evictions=count)
+        return Evicted(tuple(pages), hashes, tuple(stamps))
+
+    def unevict(self, evicted: Evicted) -> None:
+        """Undo :meth:`evict`: the pages are cached and idle again."""
+        self._map(evicted.pages, evicted.hashes)
+        self.repark(evicted.pages, evicted.stamps)
+        self._count(evictions=-len(evicted.pages))
+
+    def register(self, pages: Sequence[int], hashes: Sequence[int]) -> tuple[int, ...]:
+        """Name freshly filled pages by their hashes; return those registered.
+
+        A page whose hash is already cached (the same prefix computed twice at once) stays
+        unnamed: the first copy is the one later requests share.
+        """
+        new = [(p, h) for p, h in zip(pages, hashes, strict=True) if h not in self._page_of and p not in self._hash_of]
+        self._map([p for p, _ in new], [h for _, h in new])
+        self._count(registered=len(new))
+        return tuple(p for p, _ in new)
+
+    def unregister(self, pages: Sequence[int]) -> None:
+        """Undo :meth:`register` (the pages are in use, so not idle)."""
+        for page in pages:
+            del self._page_of[self._hash_of.pop(page)]
+        self._count(registered=-len(pages))
+
+    def count_lookup(self, queried: int, hits: int) -> None:
+        """Count an admission's lookup (negative counts undo one)."""
+        self._count(queried=queried, hits=hits)
+
+    def _map(self, pages: Sequence[int], hashes: Sequence[int]) -> None:
+        for page, value in zip(pages, hashes, strict=True):
+            self._hash_of[page] = value
+            self._page_of[value] = page
+
+    def _count(self, **delta: int) -> None:
+        stats = self.stats
+        self.stats = attrs.evolve(stats, **{k: getattr(stats, k) + v for k, v in delta.items()})
