@@ -452,7 +452,7 @@ class TestProfile:
     def test_torch_executor_passes_and_decode_batching(
         self, tmp_path: Path, capsys: pytest.CaptureFixture[str]
     ) -> None:
-        """`profile --passes 2` records the torch executor's decode batching and the run-to-run spread; from_csv uses both."""
+        """`profile --passes 2` records the torch decode batching and the run-to-run spread; from_csv reads them."""
         pytest.importorskip("torch")
         from phasesched_torch._attention import DECODE_BATCHING  # noqa: PLC0415
 

@@ -121,7 +121,7 @@ class DecodeBatching:
 
     @property
     def is_ragged(self) -> bool:
-        """No padding at all: the step is read at its mean context and its real batch size."""
+        """Whether nothing is padded, so a step is read at its mean context and its real batch size."""
         return self.bucket_ratio >= 1.0 and not self.batch_sizes
 
     # ------------------------------------------------------------------------- the layout
@@ -272,7 +272,7 @@ class DecodeBatching:
 
 
 RAGGED = DecodeBatching()
-"""No padding: a ragged kernel, whose decodes cost like a uniform step at their mean context."""
+"""The layout of a ragged kernel (nothing padded), whose decodes cost like a uniform step at their mean context."""
 
 
 @runtime_checkable
