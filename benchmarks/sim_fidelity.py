@@ -9,12 +9,15 @@
    per chunk after a 1.5K prefix), which would stretch the benchmark past ten minutes.
    Torch is held to ``--threads`` intra-op threads, 1 by default: with 2 on this shared 2-core
    machine, a 10 ms decode step took 360 ms whenever another process held the second core.
-2. **Profile.** :func:`~phasesched.costmodel.profiling.profile_executor` times the executor on a
-   grid covering the workload's shapes (prefill chunks up to the chunk size, prefixes up to the
-   longest prompt, decode batches up to the sequence cap, contexts up to the longest
-   sequence). The grid is timed in ``--passes`` passes spread over the whole benchmark (before,
-   between and after the real runs; see :func:`profile_pass`) and each point keeps its median
-   over them, which become a :class:`~phasesched.costmodel.ProfiledCostModel`.
+2. **Profile.** The library's :class:`~phasesched.costmodel.profiling.Profiler` (what
+   ``phasesched profile --passes N`` runs) times the executor on a grid covering the workload's
+   shapes (prefill chunks up to the chunk size, prefixes up to the longest prompt, decode
+   batches up to the sequence cap, contexts up to the longest sequence). The grid is timed in
+   ``--passes`` passes spread over the whole benchmark (before, between and after the real
+   runs), the decode-only steps again after each prefill size, and each point keeps its median
+   over all its runs. The profile becomes a :class:`~phasesched.costmodel.ProfiledCostModel`
+   that reads a step's decodes as the torch executor batches them (buckets of similar
+   contexts, each padded to its longest: the executor's declared ``decode_batching``).
 3. **Workload.** 40 requests, Poisson at 1/s (45 s of arrivals), seed 0: 36 short prompts of
    32-256 tokens and 4 long ones of 1024-1536, each generating 16-64 tokens. Up to five
    sequences decode together, and long prompts are chunked beside running decodes (mixed
@@ -24,7 +27,8 @@
    the measurement; run B replays the same requests once more, to show how far two real runs
    of the same workload on this machine differ (the floor any simulator is held to here).
 5. **Simulated run.** :func:`~phasesched.sim.simulate` of the same workload and policy, with
-   the profiled cost model and the same KV geometry.
+   the profiled cost model and the same KV geometry (and, for the diagnostics, with the same
+   profile read at the mean and at the longest decode context instead).
 6. **Errors.** Per real step, ``|measured - predicted| / measured`` for the step's shape, both
    against the executor's own ``duration_s`` (what the profile measures) and against the wall
    time of the engine iteration (``schedule`` + ``execute`` + ``update``); per request,
@@ -74,14 +78,9 @@ from phasesched import (
     WallClock,
     load_policy,
 )
-from phasesched.costmodel.profiled import (
-    ProfiledCostModel,
-    ProfilePoint,
-    read_profile_csv,
-    step_features,
-    write_profile_csv,
-)
-from phasesched.costmodel.profiling import ProfileGrid, profile_executor
+from phasesched.costmodel.batching import RAGGED, DecodeBatching
+from phasesched.costmodel.profiled import ProfiledCostModel
+from phasesched.costmodel.profiling import ProfileGrid, Profiler, profile_executor
 from phasesched.costmodel.protocol import CostModel
 from phasesched.engine import StepRecord
 from phasesched.metrics.summary import RunMetrics
@@ -203,6 +202,11 @@ class CoreShare:
     cpu_s: list[float] = attrs.Factory(list)
     duration_s: list[float] = attrs.Factory(list)
 
+    @property
+    def decode_batching(self) -> DecodeBatching:
+        """The wrapped executor's declared decode batching (the profile records it)."""
+        return self.executor.decode_batching
+
     def execute(self, plan: StepPlan) -> StepResult:
         """Run ``plan`` on the wrapped executor, timing its thread CPU."""
         started = time.thread_time()
@@ -259,55 +263,25 @@ def token_requests(workload: Workload, vocab_size: int, seed: int) -> list[Reque
     ]
 
 
-Samples = dict[tuple[float, float, float, float], list[float]]
-"""Step times measured so far, by a profile point's four features."""
+def profiler(setup: Setup, executor: CoreShare) -> Profiler:
+    """The library's profiler on the setup's grid and KV geometry.
 
-
-def profile_pass(setup: Setup, executor: CoreShare, samples: Samples, *, warmup: int) -> None:
-    """Time every grid point once, and the decode-only points before and after each prefill size.
-
-    One run per point per pass rather than ``profile_executor(repeats=...)``: repeats run back
-    to back, and on a shared machine the executor's speed drifts by 10-30% over seconds (even
-    with a core to itself: probably other processes evicting its weights from the shared L3),
-    so back-to-back repeats land in one regime and their median keeps it; passes spread over
-    the whole benchmark sample many. The decode-only points are timed
-    five times a pass because they are most of the real steps yet cost a second in all.
-
-    Args:
-        setup: Gives the grid and the KV geometry.
-        executor: The executor to time.
-        samples: Receives each run, under its point's features.
-        warmup: Untimed runs of each point before its first timed one in this pass.
-
+    Each pass (:meth:`Profiler.run_pass` with ``revisit_decodes``) times every point once and
+    the decode-only points again after each prefill size: one run per point per pass rather
+    than back-to-back repeats, because on a shared machine the executor's speed drifts by
+    10-30% over seconds (even with a core to itself: probably other processes evicting its
+    weights from the shared L3), so back-to-back repeats land in one regime and their median
+    keeps it; passes spread over the whole benchmark sample many. The decode-only points are
+    most of the real steps yet cost a second in all, hence their revisits.
     """
-    grid = setup.grid()
-    decode_only = attrs.evolve(grid, prefill_tokens=(0,))
-    parts = [decode_only]
-    for tokens in grid.prefill_tokens[1:]:
-        parts += [attrs.evolve(grid, prefill_tokens=(tokens,)), decode_only]
-    seen: set[tuple[int, ...]] = set()
-    for part in parts:
-        points = profile_executor(
-            executor,
-            num_pages=setup.num_pages,
-            page_size=PAGE_SIZE,
-            grid=part,
-            repeats=1,
-            warmup=0 if part.prefill_tokens in seen else warmup,
-            vocab_size=MODEL.vocab_size,
-            seed=setup.seed,
-        )
-        seen.add(part.prefill_tokens)
-        for point in points:
-            samples.setdefault(point.features, []).append(point.step_time_s)
-
-
-def median_profile(samples: Samples) -> list[ProfilePoint]:
-    """Each point with its median step time over all its runs."""
-    return [
-        ProfilePoint(int(tokens), prefix, int(seqs), context, statistics.median(times))
-        for (tokens, prefix, seqs, context), times in samples.items()
-    ]
+    return Profiler(
+        executor,
+        num_pages=setup.num_pages,
+        page_size=PAGE_SIZE,
+        grid=setup.grid(),
+        vocab_size=MODEL.vocab_size,
+        seed=setup.seed,
+    )
 
 
 def serve(setup: Setup, executor: CoreShare, workload: Workload) -> RealRun:
@@ -419,21 +393,14 @@ def request_errors(real: RunMetrics, other: RunMetrics) -> dict[str, FloatArray]
     }
 
 
-def pass_spread(samples: Samples) -> float:
-    """Median ``|t_i - t_j| / t_j`` over every profiled step and every ordered pair of its runs ``i != j``."""
-    steps = {tuple(times) for times in samples.values() if len(times) > 1 and min(times) > 0}
-    errors = [abs(a - b) / b for times in steps for i, a in enumerate(times) for j, b in enumerate(times) if i != j]
-    return float(np.median(errors)) if errors else float("nan")
-
-
-def error_rows(runs: Sequence[RealRun], sim: RunMetrics, model: ProfiledCostModel, samples: Samples) -> list[ErrorRow]:
+def error_rows(runs: Sequence[RealRun], sim: RunMetrics, model: ProfiledCostModel, spread: float) -> list[ErrorRow]:
     """The fidelity table (see the module docstring, item 6).
 
     The executor's own duration is compared with the profile alone; the wall step (which
-    includes the engine's work) with the profile plus the measured host overhead.
+    includes the engine's work) with the profile plus the measured host overhead. ``spread``
+    is the profiler's run-to-run floor (:meth:`Profiler.spread`; ``nan`` without passes).
     """
     kernel_only = attrs.evolve(model, step_overhead_s=0.0)
-    spread = pass_spread(samples)
     rows = []
     for metric, field, reference in _STEP_METRICS:
         used = kernel_only if reference == "profile" else model
@@ -479,29 +446,16 @@ def _uneven(step: StepRecord) -> bool:
     return len(contexts) > 1 and max(contexts) > 1.5 * statistics.fmean(contexts)
 
 
-@attrs.frozen(eq=False)
-class LongestContext:
-    """A what-if cost model: the profile read at a step's *longest* decode context, not the mean.
-
-    The torch reference pads a batch of decodes to its longest context, so that is the work it
-    does; the profiled cost model's feature is the mean. Used only in :func:`diagnostics`, to
-    show how much of the error that one feature explains; the table uses the library's model.
-    """
-
-    model: ProfiledCostModel
-
-    def step_time(self, num_new: NDArray[np.integer], kv_len: NDArray[np.integer]) -> float:
-        """Seconds for one step (see :meth:`ProfiledCostModel.step_time`)."""
-        features = step_features(num_new, kv_len)
-        if features[0] == 0 and features[2] == 0:
-            return 0.0
-        decodes = np.asarray(kv_len)[np.asarray(num_new) == 1]
-        if len(decodes):
-            features[3] = float(decodes.max())
-        return float(self.model.interpolate(features)[0]) + self.model.step_overhead_s
+def read_at(model: ProfiledCostModel, batching: DecodeBatching) -> ProfiledCostModel:
+    """The same profile reading decodes with another layout (a what-if: mean or longest context)."""
+    return attrs.evolve(model, decode_batching=batching)
 
 
-def diagnostics(run: RealRun, model: ProfiledCostModel, what_if: RunMetrics) -> dict[str, Any]:
+WHAT_IFS = {"mean context": RAGGED, "longest context": DecodeBatching.longest()}
+"""The other readings of a step's decodes the diagnostics compare with the executor's own."""
+
+
+def diagnostics(run: RealRun, model: ProfiledCostModel, what_if: dict[str, RunMetrics]) -> dict[str, Any]:
     """Where the step-time error of a real run comes from.
 
     * ``by_kind``: per step kind, the count, the median measured time, the median absolute and
@@ -514,10 +468,12 @@ def diagnostics(run: RealRun, model: ProfiledCostModel, what_if: RunMetrics) -> 
     * ``undisturbed``: the steps that got at least 95% of a core (see :class:`CoreShare`) and
       their median error: what is left once other processes' load is (mostly) out of the way.
     * ``uneven_contexts``: the steps that decode sequences of widely different contexts, and
-      their median error with the profile read at the mean context (the cost model's feature)
-      and at the longest (the torch reference pads a batch of decodes to its longest context).
-    * ``what_if_longest_context``: the request errors against the run when the simulation
-      prices steps with :class:`LongestContext` instead (``what_if`` is that simulation).
+      their median error with the profile read as the executor batches decodes (its declared
+      ``decode_batching``: buckets of similar contexts, each padded to its longest), at the mean
+      context (a ragged kernel's reading, the library's before executors declared theirs) and
+      at the longest (padding every decode to the longest).
+    * ``what_if``: per other reading (:data:`WHAT_IFS`), the request errors against the run
+      when the simulation prices steps with it (``what_if`` holds those simulations).
     """
     steps, duration, wall = run.steps, run.duration, run.wall
     predicted = predicted_steps(steps, model)
@@ -536,10 +492,11 @@ def diagnostics(run: RealRun, model: ProfiledCostModel, what_if: RunMetrics) -> 
     pairs = np.flatnonzero((like[1:] == like[:-1]) & (like[1:] > 0)) + 1
     undisturbed = run.core_share >= 0.95
     uneven = np.array([_uneven(s) for s in steps], dtype=bool)
-    longest = LongestContext(model)
-    at_longest = np.array(
-        [longest.step_time(np.array(s.num_new), np.array(s.kv_len)) for s, u in zip(steps, uneven, strict=True) if u]
-    )
+    uneven_steps = [s for s, u in zip(steps, uneven, strict=True) if u]
+    uneven_errors = {
+        name: _median(relative_error(duration[uneven], predicted_steps(uneven_steps, read_at(model, batching))))
+        for name, batching in WHAT_IFS.items()
+    }
     return {
         "by_kind": by_kind,
         "overhead_ms": float(np.median(wall - duration) * 1e3),
@@ -548,9 +505,11 @@ def diagnostics(run: RealRun, model: ProfiledCostModel, what_if: RunMetrics) -> 
         "undisturbed_steps": int(np.count_nonzero(undisturbed)),
         "undisturbed_error": _median(np.abs(signed[undisturbed])),
         "uneven_steps": int(np.count_nonzero(uneven)),
-        "uneven_error_mean_context": _median(np.abs(signed[uneven])),
-        "uneven_error_longest_context": _median(relative_error(duration[uneven], at_longest)),
-        "what_if_longest_context": {k: _median(v) for k, v in request_errors(run.metrics, what_if).items()},
+        "uneven_error": {"declared": _median(np.abs(signed[uneven])), **uneven_errors},
+        "what_if": {
+            name: {k: _median(v) for k, v in request_errors(run.metrics, metrics).items()}
+            for name, metrics in what_if.items()
+        },
     }
 
 
@@ -596,11 +555,14 @@ def print_details(side_by_side: dict[str, list[float]], diag: dict[str, Any]) ->
         f"step-to-step jitter of like decode steps: median {diag['jitter']:.1%}\n"
         f"steps with >= 95% of a core: {diag['undisturbed_steps']}, median error {diag['undisturbed_error']:.1%}\n"
         f"steps decoding uneven contexts (longest > 1.5 x mean): {diag['uneven_steps']}, median error "
-        f"{diag['uneven_error_mean_context']:.1%} at the mean context (the cost model's feature), "
-        f"{diag['uneven_error_longest_context']:.1%} at the longest\n"
-        "what-if, simulated with the profile read at the longest decode context (vs run A): "
-        + ", ".join(f"{k} {v:.1%}" for k, v in diag["what_if_longest_context"].items())
+        + ", ".join(f"{v:.1%} read at the {k}" for k, v in diag["uneven_error"].items() if k != "declared")
+        + f", {diag['uneven_error']['declared']:.1%} as the executor batches them (the cost model's reading)"
     )
+    for name, errors in diag["what_if"].items():
+        print(
+            f"what-if, simulated with the profile read at the {name} (vs run A): "
+            + ", ".join(f"{k} {v:.1%}" for k, v in errors.items())
+        )
 
 
 # ------------------------------------------------------------------------------------- main
@@ -639,25 +601,26 @@ def run(
     executor = CoreShare(create_executor(model=MODEL, num_pages=setup.num_pages, page_size=PAGE_SIZE, seed=setup.seed))
     workload = setup.workload()
     log(f"{len(workload)} requests over {workload.duration_s:.0f} s; grid of {setup.grid().num_points} points")
-    samples, runs, times = measure(setup, executor, workload, profile_csv, log)
-    if samples:
-        points = median_profile(samples)
-    else:
-        assert profile_csv is not None
-        points, _ = read_profile_csv(profile_csv)
+    profile, runs, times = measure(setup, executor, workload, profile_csv, log)
     overhead = host_overhead(setup, executor)
     log(f"engine overhead per step, outside the executor: {overhead * 1e3:.2f} ms")
-    model = ProfiledCostModel(points, step_overhead_s=overhead)
+    if profile is not None:
+        model = profile.cost_model(step_overhead_s=overhead)
+    else:
+        assert profile_csv is not None
+        model = ProfiledCostModel.from_csv(profile_csv, step_overhead_s=overhead)
     sim_started = time.perf_counter()
     sim = run_sim(setup, workload, model)
     times["simulation"] = time.perf_counter() - sim_started
     times["total"] = time.perf_counter() - started
     if out is not None:
-        write_outputs(out, setup, runs, sim=sim.metrics, model=model, points=points if samples else None)
+        write_outputs(out, runs, sim=sim.metrics, model=model, profile=profile)
+    what_if = {name: run_sim(setup, workload, read_at(model, b)).metrics for name, b in WHAT_IFS.items()}
     return {
-        "rows": error_rows(runs, sim.metrics, model, samples),
+        "rows": error_rows(runs, sim.metrics, model, profile.spread() if profile is not None else float("nan")),
         "summary": summary(runs, sim),
-        "diagnostics": diagnostics(runs[0], model, run_sim(setup, workload, LongestContext(model)).metrics),
+        "diagnostics": diagnostics(runs[0], model, what_if),
+        "decode_batching": model.decode_batching.to_metadata(),
         "core_share": {phase: executor.share(phase) for phase in dict.fromkeys(executor.phases)},
         "wall_s": times,
         "host_overhead_s": overhead,
@@ -666,14 +629,14 @@ def run(
         "setup": attrs.asdict(setup),
         "model": attrs.asdict(MODEL),
         "grid": attrs.asdict(setup.grid()),
-        "profile": str(profile_csv) if profile_csv else f"median of {setup.passes} passes",
+        "profile": str(profile_csv) if profile is None else profile.metadata()["statistic"],
         "versions": {"python": sys.version.split()[0], "torch": torch.__version__},
     }
 
 
 def measure(
     setup: Setup, executor: CoreShare, workload: Workload, profile_csv: Path | None, log: Callable[[str], None]
-) -> tuple[Samples, list[RealRun], dict[str, float]]:
+) -> tuple[Profiler | None, list[RealRun], dict[str, float]]:
     """Profile passes and real runs, interleaved: pass, run A, pass, run B, pass, then any further passes.
 
     Spreading the passes over the whole measurement lets the profile see the same mix of load
@@ -692,23 +655,22 @@ def measure(
         for kind, count in (("pass", num_passes), ("run", setup.runs))
         if i < count
     ]
-    samples: Samples = {}
-    passes = 0
+    profile = profiler(setup, executor) if num_passes else None
     runs: list[RealRun] = []
     for kind in order:
         started = time.perf_counter()
         if kind == "pass":
+            assert profile is not None
             executor.phase = "profile"
-            profile_pass(setup, executor, samples, warmup=0 if passes else setup.warmup)
-            passes += 1
+            profile.run_pass(warmup=0 if profile.passes else setup.warmup, revisit_decodes=True)
             times["profile"] += time.perf_counter() - started
-            log(f"profile pass {passes}/{num_passes}: {time.perf_counter() - started:.0f} s")
+            log(f"profile pass {profile.passes}/{num_passes}: {time.perf_counter() - started:.0f} s")
         else:
             executor.phase = f"run {'AB'[len(runs)]}"
             runs.append(serve(setup, executor, workload))
             times["real runs"] += time.perf_counter() - started
             log(f"real {executor.phase}: {time.perf_counter() - started:.0f} s")
-    return samples, runs, times
+    return profile, runs, times
 
 
 def warm_up(setup: Setup, executor: CoreShare) -> None:
@@ -724,30 +686,23 @@ def warm_up(setup: Setup, executor: CoreShare) -> None:
 
 
 def write_outputs(
-    folder: Path,
-    setup: Setup,
-    runs: Sequence[RealRun],
-    *,
-    sim: RunMetrics,
-    model: ProfiledCostModel,
-    points: Sequence[ProfilePoint] | None,
+    folder: Path, runs: Sequence[RealRun], *, sim: RunMetrics, model: ProfiledCostModel, profile: Profiler | None
 ) -> None:
-    """``profile.csv`` (the documented schema; unless ``points`` is ``None``), ``steps.csv`` and ``requests.csv``.
+    """``profile.csv`` (the documented schema; unless ``profile`` is ``None``), ``steps.csv`` and ``requests.csv``.
 
     ``steps.csv`` has run A's steps with their prediction; ``requests.csv`` each request's TTFT
     and mean ITL in every real run and in the simulation.
     """
     folder.mkdir(parents=True, exist_ok=True)
-    if points is not None:
+    if profile is not None:
         metadata = {
             "model": " ".join(f"{k}={v}" for k, v in attrs.asdict(MODEL).items()),
             "executor": "phasesched_torch TorchExecutor, cpu, float32",
             "torch_threads": str(torch.get_num_threads()),
             "torch": torch.__version__,
-            "statistic": f"median over {setup.passes} passes (see benchmarks/sim_fidelity.py profile_pass)",
             "date": time.strftime("%Y-%m-%d %H:%M"),
         }
-        write_profile_csv(folder / "profile.csv", points, metadata)
+        profile.write_csv(folder / "profile.csv", metadata)
     (folder / "steps.csv").write_text(_steps_csv(runs[0], model), encoding="utf-8")
     (folder / "requests.csv").write_text(_requests_csv(runs, sim), encoding="utf-8")
 

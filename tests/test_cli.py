@@ -16,7 +16,7 @@ import pytest
 
 from phasesched import POLICIES, PolicyOptions, SchedulingPolicy, cli, load_policy
 from phasesched.cli import main
-from phasesched.costmodel import ProfiledCostModel, RooflineCostModel, read_profile_csv
+from phasesched.costmodel import ProfiledCostModel, ProfilePoint, RooflineCostModel, read_profile_csv, write_profile_csv
 from phasesched.experiments.context import REPRESENTATIVE_POLICIES
 from phasesched.sim import load_trace, synthetic, trace_stats, write_trace
 from phasesched.sim.arrivals import Poisson
@@ -448,6 +448,51 @@ class TestProfile:
         assert metadata["device"] == "cpu"
         assert all(p.step_time_s > 0 for p in points if p.prefill_tokens or p.decode_seqs)
         ProfiledCostModel.from_csv(path)
+
+    def test_torch_executor_passes_and_decode_batching(
+        self, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    ) -> None:
+        """`profile --passes 2` records the torch decode batching and the run-to-run spread; from_csv reads them."""
+        pytest.importorskip("torch")
+        from phasesched_torch._attention import DECODE_BATCHING  # noqa: PLC0415
+
+        path = tmp_path / "torch.csv"
+        argv = ["profile", "--executor", "torch", "--model", "tiny", "--device", "cpu", *self.GRID]
+        assert main([*argv, "--passes", "2", "--repeats", "1", "--warmup", "0", "--quiet", "--output", str(path)]) == 0
+        assert "declares no decode batching" not in capsys.readouterr().out
+        points, metadata = read_profile_csv(path)
+        assert len(points) == 4
+        assert metadata["passes"] == "2"
+        assert metadata["decode_batching"] == DECODE_BATCHING.to_metadata()
+        assert metadata["decode_batching_declared"] == "yes"
+        assert metadata["statistic"] == "median of 2 to 4 runs a point over 2 pass(es)"  # decode-only steps revisited
+        assert float(metadata["run_to_run_spread"]) >= 0
+        assert ProfiledCostModel.from_csv(path).decode_batching == DECODE_BATCHING
+
+    def test_old_profile_is_named_in_the_bench_source(self, tmp_path: Path) -> None:
+        """A profile without decode_batching still prices steps; the run says it reads decodes at their mean context."""
+        table = tmp_path / "old.csv"
+        grid = [
+            ProfilePoint(p, 0, d, c, 1e-3 + 1e-6 * p + 1e-5 * d) for p in (0, 4096) for d in (0, 8) for c in (16, 4096)
+        ]
+        write_profile_csv(table, grid, {"executor": "sim"})
+        out = tmp_path / "bench"
+        argv = [
+            "bench",
+            "prefill",
+            "--quick",
+            "--no-plots",
+            "--quiet",
+            "--cost-model",
+            str(table),
+            "--output",
+            str(out),
+        ]
+        assert main(argv) == 0
+        source = results(out)["deployment"]["cost_model_source"]
+        assert (
+            source == f"profiled table {table} (it records no decode_batching: decodes are read at their mean context)"
+        )
 
     def test_simulated_executor_matches_its_roofline(self, tmp_path: Path) -> None:
         """Profiling the sim executor measures exactly its roofline's step times."""

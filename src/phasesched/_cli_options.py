@@ -14,6 +14,7 @@ from typing import Any
 
 import attrs
 
+from phasesched.costmodel.batching import decode_batching_from_metadata
 from phasesched.costmodel.coverage import GridCoverage
 from phasesched.costmodel.hardware import HARDWARE_PRESETS
 from phasesched.costmodel.models import MODEL_PRESETS
@@ -147,6 +148,8 @@ def build_deployment(args: argparse.Namespace) -> Deployment:
         names = _profile_names(metadata, names, allow=args.allow_profile_mismatch, path=args.cost_model)
         cost = GridCoverage(ProfiledCostModel.from_csv(args.cost_model))
         source = f"profiled table {args.cost_model}"
+        if decode_batching_from_metadata(metadata) is None:
+            source += " (it records no decode_batching: decodes are read at their mean context)"
     deployment = Deployment(
         tensor_parallel=args.tensor_parallel,
         page_size=args.page_size,

@@ -22,6 +22,7 @@ Optional dependencies (matplotlib, rich, an executor's torch) are imported only 
 from __future__ import annotations
 
 import argparse
+import functools
 import inspect
 import json
 import re
@@ -37,10 +38,11 @@ import attrs
 from phasesched import EXECUTORS, POLICIES, __version__
 from phasesched._cli_options import add_deployment_options, build_deployment, key_values, parse_slo
 from phasesched._cli_tune import add_tune
+from phasesched.costmodel.batching import METADATA_KEY, RAGGED
 from phasesched.costmodel.coverage import GridCoverage
 from phasesched.costmodel.models import model_by_name
 from phasesched.costmodel.profiled import write_profile_csv
-from phasesched.costmodel.profiling import ProfileGrid, profile_executor
+from phasesched.costmodel.profiling import ProfileGrid, Profiler
 from phasesched.costmodel.vidur import read_vidur
 from phasesched.errors import InvalidArgumentError, PhaseschedError
 from phasesched.experiments.conclusions import conclusion, slo_line
@@ -259,6 +261,13 @@ def _add_profile(commands: Any) -> None:
     profile.add_argument("--num-pages", type=_positive(int), help="KV pages (default: what the largest step needs)")
     profile.add_argument("--repeats", type=_positive(int), default=5, help="timed runs per point (median kept)")
     profile.add_argument("--warmup", type=int, default=1, help="untimed runs per point first")
+    profile.add_argument(
+        "--passes",
+        type=_positive(int),
+        default=1,
+        help="passes over the grid (median over all runs; with 2+, decode-only steps are retimed between "
+        "prefill sizes and the run-to-run spread is recorded)",
+    )
     profile.add_argument("--seed", type=int, default=0, help="seed of weights and token ids")
     profile.add_argument("--quiet", action="store_true", help="no progress bar")
     profile.set_defaults(handler=_profile, subparser=profile)
@@ -428,29 +437,34 @@ def _profile(args: argparse.Namespace) -> int:
     grid = _profile_grid(args)
     num_pages = args.num_pages or grid.max_pages(args.page_size)
     executor, options = _executor(args, num_pages)
+    profiler = Profiler(executor, num_pages=num_pages, page_size=args.page_size, grid=grid, seed=args.seed)
     with TerminalUI(quiet=args.quiet) as ui:
-        points = profile_executor(
-            executor,
-            num_pages=num_pages,
-            page_size=args.page_size,
-            grid=grid,
-            repeats=args.repeats,
-            warmup=args.warmup,
-            seed=args.seed,
-            progress=lambda done, total: ui("profile", done, total),
-        )
+        for number in range(1, args.passes + 1):
+            profiler.run_pass(
+                repeats=args.repeats,
+                warmup=args.warmup if number == 1 else 0,
+                revisit_decodes=args.passes > 1,
+                progress=functools.partial(ui, f"profile pass {number}/{args.passes}"),
+            )
     metadata = {
         "executor": args.executor,
         **{key: str(value) for key, value in options.items()},
         "repeats": str(args.repeats),
         "warmup": str(args.warmup),
+        "passes": str(args.passes),
         "grid": "; ".join(f"{k}={' '.join(map(str, v))}" for k, v in _grid_axes(grid).items()),
         "phasesched": __version__,
         "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
     }
-    write_profile_csv(args.output, points, metadata)
+    profiler.write_csv(args.output, metadata)
+    points = profiler.points()
     fastest, slowest = (f(p.step_time_s for p in points) * 1e3 for f in (min, max))
     print(f"wrote {len(points)} points to {args.output} (steps of {fastest:.3f} to {slowest:.3f} ms)")  # noqa: T201
+    if profiler.decode_batching is None:
+        print(  # noqa: T201
+            f"note: executor {args.executor!r} declares no decode batching; the profile reads a step's "
+            "decodes at their mean context (right for a ragged kernel)"
+        )
     return 0
 
 
@@ -467,6 +481,8 @@ def _import_vidur(args: argparse.Namespace) -> int:
         "tensor_parallel": str(args.tensor_parallel),
         "mlp": str(args.mlp),
         "attention": str(args.attention),
+        # Vidur prices a batch of decodes by their mean context, as a ragged kernel runs them.
+        METADATA_KEY: RAGGED.to_metadata(),
         "phasesched": __version__,
         "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
     }

@@ -13,9 +13,12 @@ import pytest
 
 from phasesched import StepPlan, StepResult
 from phasesched.costmodel import (
+    RAGGED,
+    DecodeBatching,
     ProfiledCostModel,
     ProfileGrid,
     ProfilePoint,
+    Profiler,
     ProfilingError,
     profile_executor,
     read_profile_csv,
@@ -143,11 +146,11 @@ class TestProfileExecutor:
         with pytest.raises(ProfilingError, match="duration_s=None"):
             profile(TimedExecutor(law=lambda plan: None))
 
-    def test_progress_reports_every_point(self) -> None:
-        """The progress callback sees (done, total) after each point."""
+    def test_progress_reports_every_step(self) -> None:
+        """The progress callback sees (done, total) after each distinct step (25 for the 36 points)."""
         calls: list[tuple[int, int]] = []
         profile(TimedExecutor(), repeats=1, warmup=0, progress=lambda done, total: calls.append((done, total)))
-        assert calls == [(i, 36) for i in range(1, 37)]
+        assert calls == [(i, 25) for i in range(1, 26)]
 
     @pytest.mark.parametrize(("repeats", "warmup"), [(0, 1), (1, -1)])
     def test_rejects_bad_repeat_counts(self, repeats: int, warmup: int) -> None:
@@ -202,3 +205,100 @@ class TestProfileGrid:
         """Axes are non-empty, strictly increasing, with no one-token prefill and contexts >= 2."""
         with pytest.raises(ValueError, match=next(iter(kwargs))):
             ProfileGrid(**kwargs)
+
+
+@attrs.define
+class PaddingExecutor(TimedExecutor):
+    """A TimedExecutor that declares it pads decodes to the longest context."""
+
+    @property
+    def decode_batching(self) -> DecodeBatching:
+        return DecodeBatching.longest()
+
+
+class TestProfiler:
+    def test_passes_accumulate_runs_and_keep_the_median(self) -> None:
+        """Each pass adds one run per step; the points hold the median over all passes."""
+        durations = itertools.cycle([1.0, 5.0, 3.0])
+        executor = TimedExecutor(law=lambda plan: next(durations))
+        profiler = Profiler(executor, num_pages=128, page_size=4)
+        for _ in range(3):
+            profiler.run_pass()
+        assert profiler.passes == 3
+        assert all(len(runs) == 3 for runs in profiler.runs().values())
+        assert len(profiler.points()) == 36
+        # 25 steps a pass: step i gets durations i, i + 25, i + 50 of the cycle, a permutation of 1, 5, 3.
+        assert {p.step_time_s for p in profiler.points()} == {3.0}
+
+    def test_revisit_decodes(self) -> None:
+        """With revisit_decodes the decode-only steps run again after each prefill size, unwarmed."""
+        executor = TimedExecutor()
+        profiler = Profiler(executor, num_pages=128, page_size=4)
+        profiler.run_pass(warmup=1, revisit_decodes=True)
+        runs = profiler.runs()
+        decode_only = [step for step in runs if step[0] == 0]
+        assert len(decode_only) == 5
+        assert all(len(runs[step]) == 3 for step in decode_only)  # prefill sizes (16, 64): two revisits
+        assert all(len(runs[step]) == 1 for step in runs if step[0])
+        assert len(executor.plans) == 25 * 2 + 5 * 2  # every step warmed once, then the revisits
+
+    def test_spread_is_the_run_to_run_floor(self) -> None:
+        """Two runs of 1.0 and 1.5: |a - b| / b is 0.5 one way and 1/3 the other; a steady executor has none."""
+        durations = itertools.cycle([1.0] * 25 + [1.5] * 25)
+        profiler = Profiler(TimedExecutor(law=lambda plan: next(durations)), num_pages=128, page_size=4)
+        assert np.isnan(profiler.spread())
+        profiler.run_pass()
+        profiler.run_pass()
+        assert profiler.spread() == pytest.approx((0.5 + 1 / 3) / 2)
+        steady = Profiler(TimedExecutor(), num_pages=128, page_size=4)
+        steady.run_pass(repeats=2)
+        assert steady.spread() == 0.0
+
+    def test_points_before_any_pass(self) -> None:
+        """Asking for the profile before measuring is a typed error."""
+        with pytest.raises(ProfilingError, match="run_pass"):
+            Profiler(TimedExecutor(), num_pages=128, page_size=4).points()
+
+    def test_declared_batching_reaches_the_csv_and_the_model(self, tmp_path: Path) -> None:
+        """The executor's declaration is recorded in the CSV and read back by from_csv; cost_model uses it too."""
+        profiler = Profiler(PaddingExecutor(), num_pages=128, page_size=4)
+        profiler.run_pass()
+        assert profiler.cost_model().decode_batching == DecodeBatching.longest()
+        path = tmp_path / "padded.csv"
+        profiler.write_csv(path, {"executor": "padding"})
+        metadata = read_profile_csv(path)[1]
+        assert metadata["executor"] == "padding"
+        assert metadata["decode_batching"] == DecodeBatching.longest().to_metadata()
+        assert metadata["decode_batching_declared"] == "yes"
+        assert ProfiledCostModel.from_csv(path).decode_batching == DecodeBatching.longest()
+
+    def test_undeclared_executor_is_profiled_as_ragged(self, tmp_path: Path) -> None:
+        """Without a declaration the profile says so and reads decodes at their mean context."""
+        profiler = Profiler(TimedExecutor(), num_pages=128, page_size=4)
+        profiler.run_pass()
+        assert profiler.decode_batching is None
+        assert profiler.metadata()["decode_batching_declared"].startswith("no")
+        assert profiler.cost_model().decode_batching == RAGGED
+
+    def test_explicit_batching_overrides_the_declaration(self) -> None:
+        """A batching passed in wins over what the executor declares."""
+        bucketed = DecodeBatching(bucket_ratio=0.5)
+        profiler = Profiler(PaddingExecutor(), num_pages=128, page_size=4, decode_batching=bucketed)
+        profiler.run_pass()
+        assert profiler.cost_model().decode_batching == bucketed
+
+    def test_padded_profile_predicts_a_padding_executor(self) -> None:
+        """Profiled on uniform steps, the model prices an uneven step as the padding executor runs it."""
+
+        def padded_law(plan: StepPlan) -> float:
+            decode = plan.is_decode
+            longest = float(plan.kv_len[decode].max()) if decode.any() else 0.0
+            return 1e-3 + 2e-5 * int(plan.num_new[~decode].sum()) + 1e-8 * int(decode.sum()) * longest
+
+        profiler = Profiler(PaddingExecutor(law=padded_law), num_pages=128, page_size=4)
+        profiler.run_pass()
+        model = profiler.cost_model()
+        num_new, kv_len = np.array([1, 1, 1]), np.array([60, 20, 16])
+        assert model.step_time(num_new, kv_len) == pytest.approx(1e-3 + 1e-8 * 3 * 60, rel=1e-9)
+        mean_reading = attrs.evolve(model, decode_batching=RAGGED)
+        assert mean_reading.step_time(num_new, kv_len) == pytest.approx(1e-3 + 1e-8 * 3 * 32, rel=1e-9)

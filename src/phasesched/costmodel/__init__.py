@@ -3,11 +3,16 @@
 One Protocol (:class:`CostModel`) serves the simulator, the SLO-adaptive chunk sizer and the
 benchmarks. Two implementations: :class:`RooflineCostModel` derives step times from FLOPs and
 bytes with hardware and model presets, and :class:`ProfiledCostModel` interpolates a table that
-:func:`profile_executor` measured on a real executor.
+:class:`Profiler` (:func:`profile_executor`) measured on a real executor, reading each step's
+decodes as that executor batches them (:class:`DecodeBatching`).
 """
 
 from __future__ import annotations
 
+from phasesched.costmodel.batching import RAGGED as RAGGED
+from phasesched.costmodel.batching import DeclaresDecodeBatching as DeclaresDecodeBatching
+from phasesched.costmodel.batching import DecodeBatching as DecodeBatching
+from phasesched.costmodel.coverage import GridCoverage as GridCoverage
 from phasesched.costmodel.hardware import HARDWARE_PRESETS as HARDWARE_PRESETS
 from phasesched.costmodel.hardware import Hardware as Hardware
 from phasesched.costmodel.hardware import hardware_by_name as hardware_by_name
@@ -22,6 +27,7 @@ from phasesched.costmodel.profiled import read_profile_csv as read_profile_csv
 from phasesched.costmodel.profiled import step_features as step_features
 from phasesched.costmodel.profiled import write_profile_csv as write_profile_csv
 from phasesched.costmodel.profiling import ProfileGrid as ProfileGrid
+from phasesched.costmodel.profiling import Profiler as Profiler
 from phasesched.costmodel.profiling import ProfilingError as ProfilingError
 from phasesched.costmodel.profiling import profile_executor as profile_executor
 from phasesched.costmodel.protocol import CostModel as CostModel
@@ -37,14 +43,19 @@ __all__ = [
     "FEATURES",
     "HARDWARE_PRESETS",
     "MODEL_PRESETS",
+    "RAGGED",
     "CostModel",
+    "DeclaresDecodeBatching",
+    "DecodeBatching",
     "DecodeFastForward",
+    "GridCoverage",
     "Hardware",
     "ModelSpec",
     "ProfileFormatError",
     "ProfileGrid",
     "ProfilePoint",
     "ProfiledCostModel",
+    "Profiler",
     "ProfilingError",
     "RooflineCostModel",
     "StepBreakdown",

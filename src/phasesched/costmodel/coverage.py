@@ -13,7 +13,8 @@ import attrs
 import numpy as np
 from numpy.typing import NDArray
 
-from phasesched.costmodel.profiled import FEATURES, ProfiledCostModel, step_features
+from phasesched.costmodel.batching import DecodeBatching
+from phasesched.costmodel.profiled import FEATURES, ProfiledCostModel
 
 __all__ = ["GridCoverage"]
 
@@ -61,18 +62,20 @@ class GridCoverage:
 
     def step_time(self, num_new: NDArray[np.integer], kv_len: NDArray[np.integer]) -> float:
         """The table's step time (see :meth:`ProfiledCostModel.step_time`), counted."""
-        self._count(step_features(num_new, kv_len)[None, :])
+        self._count(self.model.step_features(num_new, kv_len)[None, :])
         return self.model.step_time(num_new, kv_len)
 
     def decode_step_times(self, kv_len: NDArray[np.integer], num_steps: int) -> Float64Array:
         """The table's decode steps (see :meth:`ProfiledCostModel.decode_step_times`), counted."""
-        batch = len(kv_len)
-        if batch and num_steps:
-            features = np.zeros((num_steps, len(FEATURES)))
-            features[:, 2] = batch
-            features[:, 3] = (float(np.sum(kv_len)) + batch * np.arange(num_steps)) / batch
-            self._count(features)
-        return self.model.decode_step_times(kv_len, num_steps)
+        times = self.model.decode_step_times(kv_len, num_steps)  # checks the arguments first
+        if len(kv_len) and num_steps:
+            self._count(self.model.decode_features(kv_len, num_steps))
+        return times
+
+    @property
+    def decode_batching(self) -> DecodeBatching:
+        """The wrapped model's decode batching (a simulated executor pricing with it declares it)."""
+        return self.model.decode_batching
 
     def warning(self) -> str | None:
         """A one-line warning when any prediction was extrapolated, naming the covered range; else ``None``."""

@@ -14,10 +14,18 @@ CSV schema (UTF-8, comma-separated, one header line, one row per grid point):
 * ``prefill_prefix`` (number): tokens already in the prefill slice's cache before the step
   (with several prefill slices, their token-weighted mean);
 * ``decode_seqs`` (int): decode slices, i.e. slices with ``num_new == 1``;
-* ``decode_context`` (number): mean KV length of the decode slices after the step;
+* ``decode_context`` (number): KV length of the decode slices after the step (a profiled
+  step's decodes all have this context; a real step is read at the context its decodes cost
+  like, see below);
 * ``step_time_s`` (number): the median measured duration, seconds.
 
 The rows must form the full product of the values each feature takes (a grid).
+
+How a real step's decodes, whose contexts differ, map onto the uniform profiled steps depends
+on the executor that was profiled: the metadata line ``# decode_batching: ...`` records its
+:class:`~phasesched.costmodel.batching.DecodeBatching` (ragged: the mean context; padded: the
+longest; bucketed: the mean padded context; batch padding for CUDA graphs). A profile without
+that line (written before executors declared it) is read at the mean context, as it always was.
 """
 
 from __future__ import annotations
@@ -35,6 +43,7 @@ from numpy.typing import ArrayLike, NDArray
 
 from phasesched.costmodel._batch import check_batch, check_decodes
 from phasesched.costmodel._grid import GridInterpolator
+from phasesched.costmodel.batching import RAGGED, DecodeBatching, decode_batching_from_metadata
 from phasesched.errors import InvalidArgumentError, PhaseschedError
 from phasesched.validators import to_float, typed
 
@@ -199,7 +208,9 @@ def _row(fields: list[str], columns: Mapping[str, int], number: int) -> ProfileP
         raise ProfileFormatError(str(error), number) from None
 
 
-def step_features(num_new: NDArray[np.integer], kv_len: NDArray[np.integer]) -> Float64Array:
+def step_features(
+    num_new: NDArray[np.integer], kv_len: NDArray[np.integer], decode_batching: DecodeBatching = RAGGED
+) -> Float64Array:
     """A step's four features, as the profiler would have built that step.
 
     Slices with ``num_new == 1`` are decodes; the rest are prefill slices.
@@ -207,16 +218,21 @@ def step_features(num_new: NDArray[np.integer], kv_len: NDArray[np.integer]) -> 
     Args:
         num_new: int ``[B]``: tokens each slice computes (``>= 1``).
         kv_len: int ``[B]``: each slice's context after the step (``>= num_new``).
+        decode_batching: How the profiled executor batches decodes; the default (ragged) reads
+            them at their mean context.
 
     Returns:
         float64 ``[4]``: ``prefill_tokens``, ``prefill_prefix`` (token-weighted mean of the
-        prefill slices' cached tokens), ``decode_seqs``, ``decode_context`` (mean KV length).
+        prefill slices' cached tokens), ``decode_seqs`` and ``decode_context`` as
+        :meth:`DecodeBatching.decode_features` gives them (ragged: the count and the mean KV length).
 
     Raises:
         InvalidArgumentError: The arrays do not describe a step (see the ``CostModel`` Protocol).
 
     >>> step_features(np.array([1, 1, 100, 300]), np.array([10, 20, 100, 700])).tolist()
     [400.0, 300.0, 2.0, 15.0]
+    >>> step_features(np.array([1, 1, 100, 300]), np.array([10, 20, 100, 700]), DecodeBatching.longest()).tolist()
+    [400.0, 300.0, 2.0, 20.0]
 
     """
     new, ctx = check_batch(num_new, kv_len)
@@ -227,14 +243,13 @@ def step_features(num_new: NDArray[np.integer], kv_len: NDArray[np.integer]) -> 
     prefill_tokens = tokens - decodes
     # sum over prefill slices of n * (L - n): over all slices, less the decodes' 1 * (L - 1).
     weighted_prefix = int(new @ (ctx - new)) - (decode_context - decodes)
-    # Integer sums divided once, as decode_step_times does, so both round identically.
+    if decode_batching.is_ragged:
+        # Integer sums divided once, as decode_step_times does, so both round identically.
+        seqs, context = decodes, float(decode_context) / decodes if decodes else 0.0
+    else:
+        seqs, context = decode_batching.decode_features(ctx[decode], decode_only=prefill_tokens == 0)
     return np.array(
-        [
-            prefill_tokens,
-            weighted_prefix / prefill_tokens if prefill_tokens else 0.0,
-            decodes,
-            float(decode_context) / decodes if decodes else 0.0,
-        ],
+        [prefill_tokens, weighted_prefix / prefill_tokens if prefill_tokens else 0.0, seqs, context],
         dtype=np.float64,
     )
 
@@ -287,11 +302,17 @@ class ProfiledCostModel:
     prefill slice, never shortens the step. Changes that lower a *mean* feature (adding a
     decode whose context is below the others') follow the table and may.
 
+    A step's decodes are read as the profiled executor batches them (``decode_batching``): at
+    their mean context for a ragged kernel, at the longest for one that pads, at the mean
+    padded context for one that pads buckets of similar contexts.
+
     Attributes:
         points: The grid points.
         monotone: Enforce monotonicity as described above.
         step_overhead_s: Seconds added to every non-empty step for what the profile did not
             time: the engine's own work between executor calls (scheduling, result handling).
+        decode_batching: How the profiled executor batches decodes (see
+            :mod:`phasesched.costmodel.batching`); the default reads decodes at their mean context.
 
     >>> grid = [ProfilePoint(p, 0, d, 100, 0.001 + 1e-5 * p + 1e-4 * d) for p in (0, 100) for d in (0, 10)]
     >>> model = ProfiledCostModel(grid)
@@ -303,6 +324,9 @@ class ProfiledCostModel:
     points: tuple[ProfilePoint, ...] = attrs.field(converter=_point_tuple)
     monotone: bool = attrs.field(default=True, kw_only=True)
     step_overhead_s: float = attrs.field(default=0.0, kw_only=True, validator=typed(attrs.validators.ge(0.0)))
+    decode_batching: DecodeBatching = attrs.field(
+        default=RAGGED, kw_only=True, validator=typed(attrs.validators.instance_of(DecodeBatching))
+    )
     _interpolate: GridInterpolator = attrs.field(init=False, repr=False)
 
     def __attrs_post_init__(self) -> None:
@@ -315,12 +339,21 @@ class ProfiledCostModel:
     ) -> ProfiledCostModel:
         """Read a profile CSV (see :func:`read_profile_csv`) and build the model.
 
+        The decode batching is the one the file's ``# decode_batching:`` line records; a file
+        without one (written before executors declared it) is read at the mean decode context.
+
         Raises:
-            ProfileFormatError: The file is malformed or its points are not a full grid.
+            ProfileFormatError: The file is malformed, its points are not a full grid, or its
+                ``decode_batching`` line does not parse.
 
         """
-        points, _ = read_profile_csv(path)
-        return cls(points, monotone=monotone, step_overhead_s=step_overhead_s)
+        points, metadata = read_profile_csv(path)
+        try:
+            batching = decode_batching_from_metadata(metadata)
+        except InvalidArgumentError as error:
+            msg = f"{path}: {error}"
+            raise ProfileFormatError(msg) from None
+        return cls(points, monotone=monotone, step_overhead_s=step_overhead_s, decode_batching=batching or RAGGED)
 
     def interpolate(self, features: ArrayLike) -> Float64Array:
         """Step times at arbitrary feature vectors.
@@ -346,10 +379,21 @@ class ProfiledCostModel:
             kv_len: int ``[B]``: each slice's context after the step (``>= num_new``).
 
         """
-        features = step_features(num_new, kv_len)
+        features = self.step_features(num_new, kv_len)
         if features[0] == 0 and features[2] == 0:  # no slices: no step runs
             return 0.0
         return float(self._interpolate(features[None, :])[0]) + self.step_overhead_s
+
+    def step_features(self, num_new: NDArray[np.integer], kv_len: NDArray[np.integer]) -> Float64Array:
+        """The step's features as this model reads them: :func:`step_features` with its ``decode_batching``."""
+        return step_features(num_new, kv_len, self.decode_batching)
+
+    def decode_features(self, kv_len: NDArray[np.integer], num_steps: int) -> Float64Array:
+        """float64 ``[num_steps, 4]``: the features of decode-only steps ``kv_len + j`` (``B > 0``)."""
+        ctx = check_decodes(kv_len, num_steps)
+        features = np.zeros((num_steps, len(FEATURES)), dtype=np.float64)
+        features[:, 2], features[:, 3] = self.decode_batching.decode_run_features(ctx, num_steps)
+        return features
 
     def decode_step_times(self, kv_len: NDArray[np.integer], num_steps: int) -> Float64Array:
         """Durations of ``num_steps`` pure-decode steps (contexts ``kv_len + j``), vectorized.
@@ -363,12 +407,7 @@ class ProfiledCostModel:
 
         """
         ctx = check_decodes(kv_len, num_steps)
-        batch = len(ctx)
-        if batch == 0:
+        if len(ctx) == 0:
             return np.zeros(num_steps, dtype=np.float64)
-        features = np.zeros((num_steps, len(FEATURES)), dtype=np.float64)
-        features[:, 2] = batch
-        total = int(ctx.sum()) + batch * np.arange(num_steps, dtype=np.int64)
-        features[:, 3] = total.astype(np.float64) / batch
-        times: Float64Array = self._interpolate(features) + self.step_overhead_s
+        times: Float64Array = self._interpolate(self.decode_features(ctx, num_steps)) + self.step_overhead_s
         return times

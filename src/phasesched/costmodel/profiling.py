@@ -11,21 +11,24 @@ of a slice were never written does not matter, only the time does.
 from __future__ import annotations
 
 import itertools
+import math
+import os
 import statistics
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 
 import attrs
 import numpy as np
 from numpy.typing import NDArray
 
-from phasesched.costmodel.profiled import ProfilePoint
+from phasesched.costmodel.batching import METADATA_KEY, RAGGED, DecodeBatching, decode_batching_of
+from phasesched.costmodel.profiled import ProfiledCostModel, ProfilePoint, write_profile_csv
 from phasesched.errors import InvalidArgumentError, PhaseschedError
 from phasesched.executor import Executor
 from phasesched.kv import PagedKVManager
 from phasesched.plan import StepPlan, build_step_plan
 from phasesched.request import Request
 
-__all__ = ["ProfileGrid", "ProfilingError", "profile_executor"]
+__all__ = ["ProfileGrid", "Profiler", "ProfilingError", "profile_executor"]
 
 _Shape = tuple[int, int, int, int]
 Int32Array = NDArray[np.int32]
@@ -159,8 +162,8 @@ class _Session:
     serial: int = 0
     released: tuple[str, ...] = ()
 
-    def measure(self, shape: _Shape, *, repeats: int, warmup: int) -> float:
-        """Median seconds of ``repeats`` runs of the step ``shape``, after ``warmup`` runs."""
+    def measure(self, shape: _Shape, *, repeats: int, warmup: int) -> list[float]:
+        """Seconds of each of ``repeats`` runs of the step ``shape``, after ``warmup`` untimed runs."""
         self.serial += 1
         slices = _Slices.of(shape, f"profile-{self.serial}")
         slots = np.array([self.kv.open() for _ in slices.requests], dtype=np.int32)
@@ -171,7 +174,7 @@ class _Session:
         finally:
             self.kv.free_many(slots)
         self.released = slices.request_ids
-        return statistics.median(durations[warmup:])
+        return durations[warmup:]
 
     def _run(self, slices: _Slices, slots: Int32Array, input_ids: Int32Array, *, first: bool) -> float:
         """Run one plan of ``slices``; the first of a point announces its requests."""
@@ -207,6 +210,176 @@ def _duration(executor: Executor, plan: StepPlan) -> float:
     return float(result.duration_s)
 
 
+def _check_runs(repeats: int, warmup: int) -> None:
+    if repeats < 1 or warmup < 0:
+        msg = f"need repeats >= 1 and warmup >= 0, got {repeats} and {warmup}"
+        raise InvalidArgumentError(msg)
+
+
+@attrs.define(eq=False)
+class Profiler:
+    """Times an executor on a grid, pass after pass, keeping every run (what ``phasesched profile`` runs).
+
+    One pass times each grid point ``repeats`` times, back to back. On a shared machine an
+    executor's speed drifts over seconds (other processes evicting its weights from the caches,
+    a core taken away), so back-to-back repeats land in one regime and their median keeps it;
+    several passes spread over a longer time (between other work, even) sample many regimes,
+    and :meth:`points` keeps each point's median over all its runs. :meth:`spread` is the
+    run-to-run floor: how far two runs of one step differ.
+
+    Grid points whose steps coincide (no prefill, so the prefix is moot; no decodes, so the
+    context is) are measured once and share their runs, which also keeps the table flat where
+    the step does not change.
+
+    Args:
+        executor: Any executor whose results carry ``duration_s``.
+        num_pages: KV pages the executor's cache holds (at least ``grid.max_pages(page_size)``).
+        page_size: Tokens per KV page, as the executor was built.
+        grid: The values of each feature.
+        vocab_size: Token ids are drawn below it; the values do not affect the time.
+        seed: Seed of the token-id generator.
+        decode_batching: How the executor batches decodes, recorded with the profile; ``None``:
+            what the executor declares (:class:`~phasesched.costmodel.batching.DeclaresDecodeBatching`),
+            or ragged (the mean context) if it declares nothing.
+
+    Raises:
+        ProfilingError: The grid needs more pages than ``num_pages``.
+
+    >>> from phasesched.sim import SimulatedExecutor
+    >>> from phasesched.costmodel import RooflineCostModel
+    >>> profiler = Profiler(SimulatedExecutor(RooflineCostModel.from_names()), num_pages=64, page_size=16)
+    >>> profiler.run_pass()
+    >>> profiler.run_pass()
+    >>> len(profiler.points()), profiler.passes, profiler.spread()
+    (36, 2, 0.0)
+
+    """
+
+    executor: Executor
+    num_pages: int
+    page_size: int
+    grid: ProfileGrid = attrs.field(factory=ProfileGrid)
+    vocab_size: int = 256
+    seed: int = 0
+    decode_batching: DecodeBatching | None = None
+    passes: int = attrs.field(default=0, init=False)
+    _runs: dict[_Shape, list[float]] = attrs.field(factory=dict, init=False)
+    _session: _Session = attrs.field(init=False)
+
+    def __attrs_post_init__(self) -> None:
+        if self.grid.max_pages(self.page_size) > self.num_pages:
+            needs = self.grid.max_pages(self.page_size)
+            msg = f"the largest grid step needs {needs} KV pages, the cache has {self.num_pages}"
+            raise ProfilingError(msg)
+        if self.decode_batching is None:
+            self.decode_batching = decode_batching_of(self.executor)
+        kv = PagedKVManager(self.num_pages, self.page_size)
+        self._session = _Session(self.executor, kv, np.random.default_rng(self.seed), self.vocab_size)
+
+    @property
+    def batching(self) -> DecodeBatching:
+        """The decode batching the profile is read with (ragged when none was given or declared)."""
+        return self.decode_batching or RAGGED
+
+    def run_pass(
+        self,
+        *,
+        repeats: int = 1,
+        warmup: int = 0,
+        revisit_decodes: bool = False,
+        progress: Callable[[int, int], None] | None = None,
+    ) -> None:
+        """Time every distinct step of the grid ``repeats`` times, after ``warmup`` untimed runs each.
+
+        Args:
+            repeats: Timed runs of each step, back to back.
+            warmup: Untimed runs of each step before them (allocator, kernel selection, caches).
+            revisit_decodes: Also time the decode-only steps again after each prefill size
+                (without warm-up), so the steps most of a serving run consists of are sampled
+                across the whole pass rather than at its start only.
+            progress: Called with ``(steps done, steps in the pass)`` after each step.
+
+        Raises:
+            ProfilingError: The executor reports no duration.
+
+        """
+        _check_runs(repeats, warmup)
+        sizes = self.grid.prefill_tokens
+        parts = [(size, True) for size in sizes]
+        if revisit_decodes and sizes[0] == 0:
+            parts = [(0, True)] + [part for size in sizes[1:] for part in ((size, True), (0, False))]
+        steps = [
+            (step, first)
+            for size, first in parts
+            for step in dict.fromkeys(
+                _effective_shape(shape) for shape in attrs.evolve(self.grid, prefill_tokens=(size,)).combinations()
+            )
+        ]
+        for done, (step, first) in enumerate(steps, start=1):
+            times = self._session.measure(step, repeats=repeats, warmup=warmup if first else 0)
+            self._runs.setdefault(step, []).extend(times)
+            if progress is not None:
+                progress(done, len(steps))
+        self.passes += 1
+
+    def points(self) -> list[ProfilePoint]:
+        """The profile: each grid point with the median of all its runs, in :meth:`ProfileGrid.combinations` order.
+
+        Raises:
+            ProfilingError: No pass has run.
+
+        """
+        if not self.passes:
+            raise ProfilingError("no profile pass has run: call run_pass() first")
+        medians = {step: statistics.median(times) for step, times in self._runs.items()}
+        return [ProfilePoint(*shape, medians[_effective_shape(shape)]) for shape in self.grid.combinations()]
+
+    def runs(self) -> dict[tuple[int, int, int, int], tuple[float, ...]]:
+        """Every timed run so far, by the step that ran (a grid point's effective shape)."""
+        return {step: tuple(times) for step, times in self._runs.items()}
+
+    def spread(self) -> float:
+        """The run-to-run floor: median ``|t_i - t_j| / t_j`` over every step and ordered pair of its runs.
+
+        ``nan`` when no step has run twice.
+        """
+        errors = [
+            abs(a - b) / b
+            for times in self._runs.values()
+            if len(times) > 1 and min(times) > 0
+            for i, a in enumerate(times)
+            for j, b in enumerate(times)
+            if i != j
+        ]
+        return float(np.median(errors)) if errors else float("nan")
+
+    def metadata(self) -> dict[str, str]:
+        """What the profile's metadata should record of how it was measured (decode batching, statistic)."""
+        fewest, most = (f(len(times) for times in self._runs.values()) for f in (min, max))
+        runs = str(fewest) if fewest == most else f"{fewest} to {most}"
+        spread = self.spread()
+        return {
+            METADATA_KEY: self.batching.to_metadata(),
+            "decode_batching_declared": "yes" if self.decode_batching is not None else "no (read as ragged)",
+            "statistic": f"median of {runs} runs a point over {self.passes} pass(es)",
+            **({} if math.isnan(spread) else {"run_to_run_spread": f"{spread:.4f}"}),
+        }
+
+    def cost_model(self, *, monotone: bool = True, step_overhead_s: float = 0.0) -> ProfiledCostModel:
+        """The profile as a cost model that reads steps with this executor's decode batching."""
+        return ProfiledCostModel(
+            self.points(), monotone=monotone, step_overhead_s=step_overhead_s, decode_batching=self.batching
+        )
+
+    def write_csv(self, path: str | os.PathLike[str], metadata: Mapping[str, str] | None = None) -> None:
+        """Write the profile as :func:`~phasesched.costmodel.profiled.write_profile_csv` does.
+
+        The metadata lines are ``metadata`` followed by :meth:`metadata` (the decode batching,
+        the statistic and the run-to-run spread).
+        """
+        write_profile_csv(path, self.points(), {**(metadata or {}), **self.metadata()})
+
+
 def profile_executor(  # noqa: PLR0913 -- every knob is a keyword with a default
     executor: Executor,
     *,
@@ -219,11 +392,10 @@ def profile_executor(  # noqa: PLR0913 -- every knob is a keyword with a default
     vocab_size: int = 256,
     seed: int = 0,
 ) -> list[ProfilePoint]:
-    """Time ``executor`` at every point of ``grid`` and return the profile.
+    """Time ``executor`` at every point of ``grid`` and return the profile (one :class:`Profiler` pass).
 
-    Grid points whose steps coincide (no prefill, so the prefix is moot; no decodes, so the
-    context is) are measured once and share the value, which also keeps the table flat where
-    the step does not change.
+    Use :class:`Profiler` for several passes, the run-to-run spread, or a cost model that
+    reads steps with the executor's declared decode batching.
 
     Args:
         executor: Any executor whose results carry ``duration_s``.
@@ -232,7 +404,7 @@ def profile_executor(  # noqa: PLR0913 -- every knob is a keyword with a default
         grid: The values of each feature.
         repeats: Timed runs per point; the median is recorded.
         warmup: Untimed runs per point before them (allocator, kernel selection, caches).
-        progress: Called with ``(points done, points in all)`` after each point.
+        progress: Called with ``(steps done, steps in all)`` after each distinct step.
         vocab_size: Token ids are drawn below it; the values do not affect the time.
         seed: Seed of the token-id generator.
 
@@ -244,20 +416,7 @@ def profile_executor(  # noqa: PLR0913 -- every knob is a keyword with a default
             ``num_pages``.
 
     """
-    if repeats < 1 or warmup < 0:
-        msg = f"need repeats >= 1 and warmup >= 0, got {repeats} and {warmup}"
-        raise InvalidArgumentError(msg)
-    if grid.max_pages(page_size) > num_pages:
-        msg = f"the largest grid step needs {grid.max_pages(page_size)} KV pages, the cache has {num_pages}"
-        raise ProfilingError(msg)
-    session = _Session(executor, PagedKVManager(num_pages, page_size), np.random.default_rng(seed), vocab_size)
-    measured: dict[_Shape, float] = {}
-    points = []
-    for done, shape in enumerate(grid.combinations(), start=1):
-        step = _effective_shape(shape)
-        if step not in measured:
-            measured[step] = session.measure(step, repeats=repeats, warmup=warmup)
-        points.append(ProfilePoint(shape[0], shape[1], shape[2], shape[3], measured[step]))
-        if progress is not None:
-            progress(done, grid.num_points)
-    return points
+    _check_runs(repeats, warmup)
+    profiler = Profiler(executor, num_pages=num_pages, page_size=page_size, grid=grid, vocab_size=vocab_size, seed=seed)
+    profiler.run_pass(repeats=repeats, warmup=warmup, progress=progress)
+    return profiler.points()

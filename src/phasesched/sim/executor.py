@@ -5,6 +5,7 @@ from __future__ import annotations
 import attrs
 import numpy as np
 
+from phasesched.costmodel.batching import RAGGED, DecodeBatching, decode_batching_of
 from phasesched.costmodel.protocol import CostModel
 from phasesched.executor import StepResult
 from phasesched.plan import StepPlan
@@ -31,6 +32,15 @@ class SimulatedExecutor:
 
     cost_model: CostModel
     token_id: int = 0
+
+    @property
+    def decode_batching(self) -> DecodeBatching:
+        """The cost model's decode batching if it declares one (a profiled table), else ragged.
+
+        The roofline prices every slice at its own context, as a ragged kernel runs it, so a
+        profile of this executor is read at the mean decode context.
+        """
+        return decode_batching_of(self.cost_model) or RAGGED
 
     def execute(self, plan: StepPlan) -> StepResult:
         """The step's duration from the cost model; a token for every slice that samples."""

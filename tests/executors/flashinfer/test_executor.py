@@ -22,6 +22,8 @@ import numpy as np
 
 import phasesched_flashinfer
 from phasesched import EXECUTORS, Executor, InvalidPlanError
+from phasesched.costmodel import RAGGED, DecodeBatching
+from phasesched.costmodel.batching import decode_batching_of
 from phasesched_flashinfer import (
     FlashInferAttention,
     FlashInferExecutor,
@@ -386,3 +388,24 @@ class TestStepAccounting:
         assert got["flops"] == 2 * linear * 16 + 2 * head + attention
         assert got["attention_tflops"] == pytest.approx(attention / 1e-3 / 1e12)
         assert got["flops_utilization"] == pytest.approx(got["flops"] / 1e-2 / 1e15)
+
+
+class TestDecodeBatching:
+    def test_ragged_without_graphs(self) -> None:
+        """FlashInfer's kernels read each slice's own pages: the profile reads decodes at their mean context."""
+        executor = fake_executor(LlamaModel.random(CPU_MODEL, dtype=torch.bfloat16), num_pages=8, page_size=4)
+        assert decode_batching_of(executor) == RAGGED
+
+    def test_graph_sizes_pad_the_batch(self) -> None:
+        """With CUDA graphs a decode-only step is read at the captured size that holds it (not the torch buckets)."""
+        executor = fake_executor(
+            LlamaModel.random(CPU_MODEL, dtype=torch.bfloat16),
+            num_pages=16,
+            page_size=4,
+            use_cuda_graph=True,
+            graph_batch_sizes=(1, 2, 4, 8),
+            graph_runtime=fake_flashinfer.CpuGraphRuntime(),
+        )
+        batching = decode_batching_of(executor)
+        assert batching == DecodeBatching(batch_sizes=(1, 2, 4, 8))
+        assert batching.decode_features(np.array([5, 7, 9])) == (4, 22 / 4)

@@ -18,6 +18,7 @@ from typing import Any
 import torch
 
 from phasesched import StepPlan
+from phasesched.costmodel.batching import DecodeBatching
 from phasesched_flashinfer._attention import FlashInferBackend
 from phasesched_flashinfer._errors import FlashInferUnavailableError
 from phasesched_flashinfer._graphs import DecodeGraphs, GraphRuntime
@@ -171,6 +172,18 @@ class FlashInferExecutor(TorchExecutor):
                 max_pages=num_pages + graph_batch_sizes[-1],
                 runtime=graph_runtime,
             )
+
+    @property
+    def decode_batching(self) -> DecodeBatching:
+        """How this executor batches decodes, for the profiled cost model (``DeclaresDecodeBatching``).
+
+        FlashInfer's kernels are ragged (each slice reads its own pages): no context padding.
+        With CUDA graphs a decode-only step runs padded to the smallest captured batch size
+        that holds it, each padding slice one token of context on the scratch page (a step
+        whose pages exceed the graph's buffer runs eagerly; the declaration does not model that).
+        The profile's ``decode_seqs`` should then be captured sizes, as the GPU grid's are.
+        """
+        return DecodeBatching(batch_sizes=self.graphs.batch_sizes if self.graphs is not None else ())
 
     def prepare(self, plan: StepPlan) -> ForwardBatch:
         """Plan FlashInfer's attention for a checked, non-empty plan and stage its inputs.

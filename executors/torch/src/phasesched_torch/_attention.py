@@ -26,9 +26,10 @@ import numpy as np
 import torch
 from numpy.typing import NDArray
 
+from phasesched.costmodel.batching import DecodeBatching
 from phasesched_torch._kv_cache import KVLayout, PagedKVCache, cache_geometry, gather_kv
 
-__all__ = ["PagedAttentionPlan", "paged_attention", "plan_paged_attention", "run_paged_attention"]
+__all__ = ["DECODE_BATCHING", "PagedAttentionPlan", "paged_attention", "plan_paged_attention", "run_paged_attention"]
 
 IndexLike = torch.Tensor | NDArray[np.integer[Any]] | Sequence[int]
 """Integer metadata: a tensor (CPU preferred), a numpy array or a list."""
@@ -37,6 +38,12 @@ IndexLike = torch.Tensor | NDArray[np.integer[Any]] | Sequence[int]
 # score elements per head per prefill block (1 << 22 is 16 MiB a head).
 _MAX_GATHER_TOKENS = 1 << 16
 _MAX_SCORES = 1 << 22
+
+DECODE_BATCHING = DecodeBatching(bucket_ratio=0.75, bucket_tokens=_MAX_GATHER_TOKENS)
+"""How single-query slices are batched: buckets of contexts within a quarter of their longest,
+padded to it, at most ``_MAX_GATHER_TOKENS`` gathered tokens a bucket. :func:`plan_paged_attention`
+forms its buckets with this object, so the cost model's reading of a step (``phasesched
+profile`` records it) is the executor's own layout, not a copy of it."""
 
 
 @attrs.frozen(eq=False)
@@ -186,14 +193,10 @@ def _row_groups(meta: _HostMeta, causal: bool, window_left: int, device: torch.d
     """
     single = np.flatnonzero(meta.q_len == 1)
     span = meta.kv_len if window_left < 0 else np.minimum(meta.kv_len, window_left + 1)
-    order = single[np.argsort(-span[single], kind="stable")]
-    groups, i = [], 0
-    while i < len(order):
-        longest = int(span[order[i]])
-        candidates = order[i : i + max(1, _MAX_GATHER_TOKENS // longest)]
-        similar = span[candidates] * 4 >= longest * 3
-        chunk = candidates[: max(1, len(similar) if similar.all() else int(np.argmin(similar)))]
-        i += len(chunk)
+    groups = []
+    for bucket in DECODE_BATCHING.buckets(span[single]):
+        chunk = single[bucket]
+        longest = int(span[chunk[0]])
         lengths = meta.kv_len[chunk][:, None]
         first = np.maximum(lengths - longest, 0)  # 0 without a window: every context from its start
         kpos = first + np.arange(longest, dtype=np.int64)[None, :]

@@ -21,8 +21,9 @@ import numpy as np
 import torch
 
 from phasesched import StepPlan, StepResult
+from phasesched.costmodel.batching import DecodeBatching
 from phasesched.errors import UnknownNameError
-from phasesched_torch._attention import plan_paged_attention
+from phasesched_torch._attention import DECODE_BATCHING, plan_paged_attention
 from phasesched_torch._config import PRESETS, LlamaConfig
 from phasesched_torch._errors import CheckpointError, DeviceUnavailableError, PlanNotExecutableError
 from phasesched_torch._kv_cache import kv_write_slots
@@ -107,6 +108,17 @@ class TorchExecutor:
         self.kv_cache = model.new_kv_cache(num_pages, page_size)
         self.sampler = RequestSampler(seed)
         self._last_logits: StepLogits | None = None
+
+    @property
+    def decode_batching(self) -> DecodeBatching:
+        """How this executor batches decodes, for the profiled cost model (``DeclaresDecodeBatching``).
+
+        The reference attention sorts a step's decodes by context and pads each bucket of
+        contexts within a quarter of its longest to that longest, so a step costs like a uniform
+        one at the mean *padded* context. (With a sliding window it buckets the windowed spans;
+        the declaration reads the full contexts, so profile such a model below its window.)
+        """
+        return DECODE_BATCHING
 
     @property
     def last_logits(self) -> StepLogits | None:

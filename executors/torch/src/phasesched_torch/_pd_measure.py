@@ -22,7 +22,7 @@ import numpy as np
 import torch
 
 from phasesched.costmodel.profiled import ProfiledCostModel
-from phasesched.costmodel.profiling import ProfileGrid, profile_executor
+from phasesched.costmodel.profiling import ProfileGrid, Profiler
 from phasesched.sim import simulate
 from phasesched.sim.deployment import Deployment, Disaggregation
 from phasesched.sim.workload import Workload
@@ -62,11 +62,12 @@ def profile_cost_model(config: PDRunConfig, grid: ProfileGrid, repeats: int = 5)
     executor = create_executor(model=config.model, num_pages=num_pages, page_size=config.page_size, seed=config.seed)
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
+    profiler = Profiler(executor, num_pages=num_pages, page_size=config.page_size, grid=grid)
     try:
-        points = profile_executor(executor, num_pages=num_pages, page_size=config.page_size, grid=grid, repeats=repeats)
+        profiler.run_pass(repeats=repeats, warmup=1)
     finally:
         torch.set_num_threads(threads)
-    return ProfiledCostModel(points)
+    return profiler.cost_model()  # reads decodes as the executor batches them
 
 
 def measured_components(result: PDRunResult) -> dict[str, dict[str, float]]:
