@@ -798,12 +798,13 @@ class Scheduler:
             slot = self.kv.open()
             journal.record(functools.partial(self.kv.close_empty, slot))
             self._arrays.load(slot, seq, self.config.max_model_len)
+            # Recorded at once: the claim below may raise, and a loaded slot reads as running.
+            journal.record(functools.partial(self._arrays.unload, np.array([slot], np.int32)))
             if self.kv.prefix_caching:
                 self.kv.limit_naming(slot, INT32_MAX if seq.outputs is not None else len(seq.page_hashes))
                 if not seq.precomputed:
                     self._claim(slot, seq, cached_pages[i], journal)
             seq.slot, seq.status = slot, RequestStatus.RUNNING
-            journal.record(functools.partial(self._arrays.unload, np.array([slot], np.int32)))
             slots[i] = slot
             requests.append(seq.request)
         if len(slots):
