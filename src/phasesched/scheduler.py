@@ -261,6 +261,7 @@ class Scheduler:
         journal = Journal()
         self._save_scalars(journal)
         try:
+            self._drop_carried(seq.request.request_id, journal)
             if seq.slot >= 0:
                 self._retire(np.array([seq.slot], np.int32), journal)
             else:
@@ -270,6 +271,19 @@ class Scheduler:
         except BaseException:
             journal.rollback()
             raise
+
+    def _drop_carried(self, request_id: str, journal: Journal) -> None:
+        """Forget a carried preemption of a request that ends before a plan reported it.
+
+        An abandoned plan's preemptions are reported by the next plan; a request that ends
+        (aborted, failed) in between is reported in ``released`` instead, and only there:
+        listing it as preempted too would tell the executor and the metrics about a request
+        that is gone.
+        """
+        carried = self._carried_preempted
+        if request_id in carried:
+            self._carried_preempted = [r for r in carried if r != request_id]
+            journal.record(functools.partial(setattr, self, "_carried_preempted", carried))
 
     # ------------------------------------------------------------------ the loop
     def schedule(self, now: float = 0.0) -> StepPlan:
@@ -398,8 +412,9 @@ class Scheduler:
         in their old place, unpreempted (a disaggregated request's transferred KV is dropped
         with its pages and recomputed). Requests the plan preempted stay preempted, and
         requests aborted while it was in flight are retired now. The next plan repeats what
-        this one told the executor: its ``preempted`` and ``released`` carry over, and the
-        requests it admitted are released. The plan's ``step_id`` is not reused.
+        this one told the executor: its ``preempted`` and ``released`` carry over (a preempted request that ends before that plan, failed or
+        aborted, is only released), and the requests it admitted are released. The plan's
+        ``step_id`` is not reused.
 
         Returns:
             The requests aborted while the plan was in flight, now retired.
