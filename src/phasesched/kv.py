@@ -470,6 +470,11 @@ class PagedKVManager:
         self._cache.repark(claim.unparked, claim.stamps)
         self._cache.count_lookup(-claim.queried, -len(pages))
 
+    def uncount_claim(self, claim: Claim | None) -> None:
+        """Take a claim's lookup out of the hit counters, as if it never happened (its admission was given back)."""
+        if claim is not None and self._cache is not None:
+            self._cache.count_lookup(-claim.queried, -len(claim.pages))
+
     def pages_to_hash(self, slots: Int32Array, num_computed: Int32Array) -> Int32Array:
         """int32 ``[K]``: full pages of each table not yet offered to the cache (all 0 when caching is off).
 
