@@ -110,7 +110,7 @@ class TestAbandon:
         assert held(scheduler) == before
 
     def test_an_abandoned_admission_claims_nothing(self) -> None:
-        """A plan that admitted a request onto a cached prefix, given back, leaves the pages cached and the counters as they were."""
+        """A plan that admitted a request onto a cached prefix, given back, leaves pages and counters as they were."""
         scheduler = Scheduler(SchedulerConfig(num_pages=64, page_size=4), preset("vllm"))
         scheduler.add_request(request_of(0, (24, 2, 0)))
         while scheduler.num_unfinished:
