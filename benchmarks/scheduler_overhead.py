@@ -12,7 +12,9 @@ Cases (mirroring ``shared/peers/vllm_sched``, which drives vLLM's V1 scheduler t
 Requests carry token ids, as an engine's do, so ``update()`` records every sampled token. The
 executor is :class:`phasesched.DeterministicExecutor`, outside the timed region.
 ``--prefix-caching both`` runs every case with prefix caching off and on (``/cache`` rows): every
-page that fills is then hashed and named, and the prompts, all alike, share cached pages.
+page that fills is then hashed and named, and the prompts, all alike, share cached pages. The two
+run interleaved, round by round (which goes first alternates), so a busy moment of a shared
+machine disturbs both alike, and a last table gives each case's cache-on / cache-off ratios.
 
 Usage::
 
@@ -114,42 +116,90 @@ def pooled(rounds: list[dict[str, list[float]]]) -> dict[str, list[float]]:
     return {verb: [v for r in rounds for v in r[verb]] for verb in ("schedule", "update")}
 
 
-def decode_case(n: int, steps: int, rounds: int, *, ask_policy: bool = False, cache: bool = False) -> dict[str, object]:
+Round = Callable[[Scheduler, int], dict[str, list[float]]]
+
+
+def interleaved(
+    caches: list[bool], rounds: int, build: Callable[[bool], Scheduler], one_round: Round
+) -> dict[bool, dict[str, list[float]]]:
+    """Every round of each setting, alternating which goes first: a busy moment then disturbs both alike."""
+    schedulers = {cache: build(cache) for cache in caches}
+    samples: dict[bool, list[dict[str, list[float]]]] = {cache: [] for cache in caches}
+    for index in range(rounds):
+        for cache in caches if index % 2 == 0 else caches[::-1]:
+            samples[cache].append(one_round(schedulers[cache], index))
+    return {cache: pooled(samples[cache]) for cache in caches}
+
+
+def named(base: str, cache: bool) -> str:
+    return base + ("/cache" if cache else "")
+
+
+def decode_case(
+    n: int, steps: int, rounds: int, caches: list[bool], *, ask_policy: bool = False
+) -> list[dict[str, object]]:
     """``n`` requests decoding; ``ask_policy`` turns off the steady-decode path, so the policy plans every step."""
-    scheduler = make_scheduler(n, cache=cache)
-    scheduler._steady_fast_path = not ask_policy  # noqa: SLF001 -- the switch the equivalence tests use
-    add_decoders(scheduler, n)
-    name = f"decode-{n}" + ("/policy" if ask_policy else "") + ("/cache" if cache else "")
-    return summarize(name, n, pooled([timed_steps(scheduler, steps) for _ in range(rounds)]))
+
+    def build(cache: bool) -> Scheduler:
+        scheduler = make_scheduler(n, cache=cache)
+        scheduler._steady_fast_path = not ask_policy  # noqa: SLF001 -- the switch the equivalence tests use
+        add_decoders(scheduler, n)
+        return scheduler
+
+    samples = interleaved(caches, rounds, build, lambda scheduler, _: timed_steps(scheduler, steps))
+    base = f"decode-{n}" + ("/policy" if ask_policy else "")
+    return [summarize(named(base, cache), n, samples[cache]) for cache in caches]
 
 
-def mixed_case(steps: int, *, cache: bool = False) -> dict[str, object]:
-    scheduler = make_scheduler(256, extra_tokens=LONG_PROMPT * 4, cache=cache)
-    add_decoders(scheduler, 256)
-    samples: dict[str, list[float]] = {"schedule": [], "update": []}
-    executor = DeterministicExecutor()
-    round_ = 0
-    while len(samples["schedule"]) < steps:
-        prompt = [round_ + 1, *range(LONG_PROMPT - 1)]  # a new first token: no long prompt hits the cache
-        scheduler.add_request(Request(f"long{round_}", prompt_token_ids=prompt, max_new_tokens=1))
+def mixed_case(steps: int, caches: list[bool]) -> list[dict[str, object]]:
+    """256 decodes beside a 16K prompt's chunks; a round is one prompt's first three chunks (then it finishes)."""
+
+    def build(cache: bool) -> Scheduler:
+        scheduler = make_scheduler(257, extra_tokens=LONG_PROMPT * 4, cache=cache)  # room for the long prompt
+        add_decoders(scheduler, 256)
+        return scheduler
+
+    def one_round(scheduler: Scheduler, index: int) -> dict[str, list[float]]:
+        prompt = [index + 1, *range(LONG_PROMPT - 1)]  # a new first token: no long prompt hits the cache
+        scheduler.add_request(Request(f"long{index}", prompt_token_ids=prompt, max_new_tokens=1))
         chunk = timed_steps(scheduler, 3, keep=lambda plan: plan.num_prefill_tokens > 0)  # type: ignore[attr-defined]
-        samples["schedule"] += chunk["schedule"]
-        samples["update"] += chunk["update"]
-        while f"long{round_}" in scheduler.running_request_ids():  # let it finish before the next one
+        executor = DeterministicExecutor()
+        while f"long{index}" in scheduler.running_request_ids():  # let it finish before the next one
             plan = scheduler.schedule()
             scheduler.update(plan, executor.execute(plan))
-        round_ += 1
-    return summarize("mixed-256+16K" + ("/cache" if cache else ""), 257, samples)
+        return chunk
+
+    samples = interleaved(caches, -(-steps // 3), build, one_round)
+    return [summarize(named("mixed-256+16K", cache), 257, samples[cache]) for cache in caches]
 
 
-def waiting_case(steps: int, rounds: int, waiting: int = 100_000, *, cache: bool = False) -> dict[str, object]:
-    scheduler = make_scheduler(256, cache=cache)
-    add_decoders(scheduler, 256)
-    prompt = tuple(range(PROMPT))
-    for i in range(waiting):
-        scheduler.add_request(Request(f"w{i}", prompt_token_ids=prompt, max_new_tokens=16))
-    samples = pooled([timed_steps(scheduler, steps) for _ in range(rounds)])
-    return summarize(f"waiting-{waiting // 1000}K+256" + ("/cache" if cache else ""), 256, samples)
+def waiting_case(steps: int, rounds: int, caches: list[bool], waiting: int = 100_000) -> list[dict[str, object]]:
+    def build(cache: bool) -> Scheduler:
+        scheduler = make_scheduler(256, cache=cache)
+        add_decoders(scheduler, 256)
+        prompt = tuple(range(PROMPT))
+        for i in range(waiting):
+            scheduler.add_request(Request(f"w{i}", prompt_token_ids=prompt, max_new_tokens=16))
+        return scheduler
+
+    samples = interleaved(caches, rounds, build, lambda scheduler, _: timed_steps(scheduler, steps))
+    return [summarize(named(f"waiting-{waiting // 1000}K+256", cache), 256, samples[cache]) for cache in caches]
+
+
+def print_ratios(rows: list[dict[str, object]]) -> None:
+    """Cache on over cache off, per case: what the prefix cache costs the scheduler per step."""
+    by_case = {str(r["case"]): r for r in rows}
+    pairs = [(case, by_case[case + "/cache"]) for case in by_case if case + "/cache" in by_case]
+    if not pairs:
+        return
+    header = f"{'case':<26}{'sched on/off':>14}{'upd on/off':>12}{'step on/off':>13}"
+    print()
+    print(header)
+    print("-" * len(header))
+    for case, on in pairs:
+        off = by_case[case]
+        ratios = [float(on[k]) / float(off[k]) for k in ("schedule_median_us", "update_median_us", "step_median_us")]  # type: ignore[arg-type]
+        print(f"{case:<26}{ratios[0]:>13.2f}x{ratios[1]:>11.2f}x{ratios[2]:>12.2f}x")
 
 
 def print_table(rows: list[dict[str, object]]) -> None:
@@ -181,16 +231,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--prefix-caching", choices=("off", "on", "both"), default="off")
     args = parser.parse_args(argv)
     ns = [int(n) for n in args.ns.split(",")]
+    caches = {"off": [False], "on": [True], "both": [False, True]}[args.prefix_caching]
     rows: list[dict[str, object]] = []
-    for cache in {"off": [False], "on": [True], "both": [False, True]}[args.prefix_caching]:
-        rows += [decode_case(n, args.steps, args.rounds, cache=cache) for n in ns]
-        if not args.skip_policy:
-            rows += [decode_case(n, args.steps, args.rounds, ask_policy=True, cache=cache) for n in ns]
-        if not args.skip_mixed:
-            rows.append(mixed_case(max(args.steps // 4, 10), cache=cache))
-        if not args.skip_waiting:
-            rows.append(waiting_case(args.steps, args.rounds, cache=cache))
+    for n in ns:
+        rows += decode_case(n, args.steps, args.rounds, caches)
+    if not args.skip_policy:
+        for n in ns:
+            rows += decode_case(n, args.steps, args.rounds, caches, ask_policy=True)
+    if not args.skip_mixed:
+        rows += mixed_case(max(args.steps // 4, 10), caches)
+    if not args.skip_waiting:
+        rows += waiting_case(args.steps, args.rounds, caches)
     print_table(rows)
+    print_ratios(rows)
     if args.json:
         with Path(args.json).open("w", encoding="utf-8") as handle:
             json.dump({"python": sys.version, "rows": rows}, handle, indent=2)

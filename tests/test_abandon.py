@@ -109,6 +109,24 @@ class TestAbandon:
             scheduler.abandon(plan)
         assert held(scheduler) == before
 
+    def test_an_abandoned_admission_claims_nothing(self) -> None:
+        """A plan that admitted a request onto a cached prefix, given back, leaves pages and counters as they were."""
+        scheduler = Scheduler(SchedulerConfig(num_pages=64, page_size=4), preset("vllm"))
+        scheduler.add_request(request_of(0, (24, 2, 0)))
+        while scheduler.num_unfinished:
+            step(scheduler)
+        cached, stats = sorted(scheduler.kv.idle_cached_pages()), scheduler.kv.cache_stats
+        scheduler.add_request(request_of(1, (28, 2, 0)))  # shares r0's first six pages
+        before = held(scheduler)
+        plan = scheduler.schedule()
+        assert int(plan.start[0]) == 24  # it claimed six cached pages
+        assert scheduler.abandon(plan) == ()
+        assert held(scheduler) == before
+        assert (sorted(scheduler.kv.idle_cached_pages()), scheduler.kv.cache_stats) == (cached, stats)
+        scheduler.check_invariants()
+        step(scheduler)
+        assert scheduler.kv.cache_stats.hits == stats.hits + 6
+
     @given(
         name=st.sampled_from(PRESETS),
         shapes=workloads(max_size=6, max_prompt=40, max_output=12, max_arrival=10),

@@ -235,7 +235,7 @@ class TestAtomicity:
             scheduler.update(plan, executor.execute(plan))
         assert scheduler.kv.num_free_pages == scheduler.kv.num_pages
 
-    @pytest.mark.parametrize("part", ["kv.extend_many", "kv.gather", "build_step_plan", "kv.register"])
+    @pytest.mark.parametrize("part", ["kv.claim", "kv.extend_many", "kv.gather", "build_step_plan", "kv.register"])
     def test_a_failed_claim_or_registration_restores_the_cache_exactly(self, part: str) -> None:
         """A step that claimed idle cached pages (or named new ones) and then failed leaves the LRU order as it was."""
         scheduler = Scheduler(SchedulerConfig(num_pages=64, page_size=4), preset("vllm"))

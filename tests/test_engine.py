@@ -183,6 +183,35 @@ class TestExecutorFailures:
             r.num_generated for r in engine.finished.values() if r.status is RequestStatus.FINISHED
         )
 
+    @pytest.mark.parametrize("name", ["vllm", "sarathi"])
+    def test_a_request_failed_after_its_preemption_is_not_reported_preempted(self, name: str) -> None:
+        """A plan that preempts fails; the next, readmitting the victim, fails too: the victim ends once, unpreempted.
+
+        The first failure carries the preemption over to the next plan; the victim then fails with
+        the second plan, so no later plan may report it preempted (the metrics had dropped it).
+        """
+        seen: list[tuple[str, ...]] = []
+
+        @attrs.define
+        class Watching(Flaky):
+            def execute(self, plan: StepPlan) -> StepResult:
+                seen.append(plan.preempted)
+                return super().execute(plan)
+
+        scheduler = Scheduler(SchedulerConfig(num_pages=12, page_size=4, max_model_len=256), preset(name))
+        engine = Engine(
+            scheduler, Watching({9, 10}), clock=VirtualClock(), keep_requests=True, failure=FailurePolicy(0)
+        )
+        requests = [request_of(i, (16, 12, 0)) for i in range(4)]
+        metrics = engine.run(requests)
+        victim = seen[9]
+        assert victim  # the scenario: call 9 preempts, call 10 readmits the victim and fails it
+        assert victim[0] in seen[10]
+        assert engine.finished[victim[0]].status is RequestStatus.FAILED
+        assert all(victim[0] not in preempted for preempted in seen[11:])
+        assert metrics["completed"] + metrics["failed"] == len(requests)
+        scheduler.check_invariants()
+
     def test_a_dead_executor_fails_every_request_and_the_run_ends(self) -> None:
         """An executor that always raises ends every request as failed, with its error, after the retries."""
         engine = Engine(

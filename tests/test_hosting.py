@@ -4,20 +4,29 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+import attrs
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from phasesched import InvalidPlanError, PolicyOptions, Request, Scheduler, SchedulerConfig, load_policy
 from phasesched.hosting import ArrayView, PolicyView, check_proposal, propose
-from phasesched.policies import TokenBudget
+from phasesched.policies import LongestPrefixMatch, SchedulingPolicy, TokenBudget
 from phasesched.selection import Selection
 from phasesched.view import SchedulerView
 from phasesched.waiting import WaitingCandidate
 from tests.fakes import Driver
 
-POLICIES = ["vllm", "vllm-priority", "sarathi", "sglang", "orca", "trtllm-equal-progress"]
+POLICIES = ["vllm", "vllm-priority", "sarathi", "sglang", "sglang-lpm", "orca", "trtllm-equal-progress"]
+
+
+def policy_named(name: str, options: PolicyOptions) -> SchedulingPolicy:
+    """A preset, or ``sglang-lpm``: SGLang's preset with its cache-aware longest-prefix-match order."""
+    if name == "sglang-lpm":
+        return attrs.evolve(load_policy("sglang", options), queue_order=LongestPrefixMatch())
+    return load_policy(name, options)
+
 
 NONE = np.empty(0, np.int32)  # no running request in the selection
 
@@ -36,12 +45,18 @@ def scheduler_view(scheduler: Scheduler) -> SchedulerView:
 
 
 def array_view(scheduler: Scheduler) -> tuple[ArrayView, list[str]]:
-    """The scheduler's state as a foreign host would describe it: plain arrays, slot i = i-th running request."""
-    arrays, running = scheduler._arrays, scheduler._running
+    """The scheduler's state as a foreign host would describe it: plain arrays, slot i = i-th running request.
+
+    Like the vLLM adapter, the host lists waiting requests in its queue's fixed order, each with
+    the tokens its prefix cache holds for it, and counts shared pages itself for preemptions.
+    """
+    arrays, running, kv = scheduler._arrays, scheduler._running.copy(), scheduler.kv
 
     def waiting() -> object:
         for seq in scheduler._waiting.ordered():
-            yield WaitingCandidate(seq.request, seq.num_tokens, seq.num_preemptions, seq.precomputed)
+            cached = 0 if seq.precomputed else kv.cached_prefix(seq.claimable_hashes(kv.page_size), seq.num_tokens)
+            computed = seq.precomputed or cached * kv.page_size
+            yield WaitingCandidate(seq.request, seq.num_tokens, seq.num_preemptions, computed)
 
     view = ArrayView(
         budget=scheduler.policy.budget,
@@ -58,6 +73,7 @@ def array_view(scheduler: Scheduler) -> tuple[ArrayView, list[str]]:
         num_waiting=scheduler.num_waiting,
         watermark_pages=scheduler.kv.watermark_pages,
         max_model_len=scheduler.config.max_model_len,
+        freed_by_preempting=lambda slots: kv.freed_by_freeing(running[slots]),
     )
     return view, scheduler.running_request_ids()
 
@@ -98,17 +114,33 @@ class TestPropose:
     @settings(max_examples=40, deadline=None)
     @given(
         policy=st.sampled_from(POLICIES),
-        prompts=st.lists(st.tuples(st.integers(1, 700), st.integers(1, 12), st.integers(0, 3)), min_size=1, max_size=8),
+        prompts=st.lists(
+            st.tuples(st.integers(1, 700), st.integers(1, 12), st.integers(0, 3), st.integers(-1, 2)),
+            min_size=1,
+            max_size=8,
+        ),
         num_pages=st.integers(60, 200),
     )
+    # r3 is admitted after r2 into a lower, reused slot; a page short, the victim must be r3 on
+    # every host (a tie-break by slot number picked r2 in the scheduler, r3 over plain arrays).
+    @example(policy="vllm", prompts=[(1, 1, 0, 0), (1, 1, 0, 0), (287, 3, 0, 1), (656, 2, 0, 0)], num_pages=60)
     def test_propose_answers_as_the_scheduler_commits(
-        self, policy: str, prompts: list[tuple[int, int, int]], num_pages: int
+        self, policy: str, prompts: list[tuple[int, int, int, int]], num_pages: int
     ) -> None:
-        """Each step, propose() over the scheduler's view and over plain arrays gives the step it runs."""
+        """Each step, propose() over the scheduler's view and over plain arrays gives the step it runs.
+
+        Prompts of one family (0-2) share their prefixes, so with a preset that caches prefixes
+        later admissions claim cached pages; family -1 is a length-only prompt.
+        """
         options = PolicyOptions(max_num_batched_tokens=1024, max_num_seqs=4)
-        scheduler = Scheduler(SchedulerConfig(num_pages=num_pages, page_size=16), load_policy(policy, options))
-        for i, (prompt, new, priority) in enumerate(prompts):
-            scheduler.add_request(Request(f"r{i}", prompt_len=prompt, max_new_tokens=new, priority=priority))
+        scheduler = Scheduler(SchedulerConfig(num_pages=num_pages, page_size=16), policy_named(policy, options))
+        for i, (prompt, new, priority, family) in enumerate(prompts):
+            if family < 0:
+                request = Request(f"r{i}", prompt_len=prompt, max_new_tokens=new, priority=priority)
+            else:
+                tokens = [(family * 31 + k) % 997 for k in range(prompt)]
+                request = Request(f"r{i}", prompt_token_ids=tokens, max_new_tokens=new, priority=priority)
+            scheduler.add_request(request)
         driver = Driver(scheduler)
         for _ in range(300):
             if not scheduler.num_unfinished:

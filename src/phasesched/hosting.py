@@ -8,6 +8,13 @@ checked against that same view: which running requests compute how many tokens, 
 requests are admitted with how many, and which running requests are preempted. The host then
 applies it with its own KV manager and request objects.
 
+**Prefix caching.** A host with a prefix cache describes each waiting request with the tokens
+it would claim from that cache if admitted now (:attr:`WaitingCandidate.num_computed
+<phasesched.waiting.WaitingCandidate.num_computed>`), as phasesched's scheduler does: the
+policies then count only uncached tokens against the budget and the chunk, and :func:`propose`
+re-ranks the queue by the policy's cache-aware order (:class:`~phasesched.policies.CacheAwareOrder`)
+itself, so a host only lists its waiting requests in the order's fixed key order.
+
 :class:`ArrayView` is a ready-made view over plain arrays, for hosts that keep their state
 elsewhere: slot ``i`` is the ``i``-th running request.
 
@@ -36,6 +43,7 @@ from numpy.typing import NDArray
 
 from phasesched.errors import InvalidPlanError
 from phasesched.policies.builder import BatchBuilder
+from phasesched.policies.queue_order import CacheAwareOrder, rerank
 from phasesched.request import Request
 from phasesched.selection import Selection
 from phasesched.waiting import WaitingCandidate
@@ -115,7 +123,9 @@ class ArrayView:
 
     Slot ``i`` is the host's ``i``-th running request, in admission order. Pages are counted
     the simple way (a running request holds its own pages; preempting it frees them) unless the
-    host passes ``freed_by_preempting`` to account for shared (prefix-cached) pages.
+    host passes ``freed_by_preempting`` to account for shared (prefix-cached) pages. With a
+    prefix cache, ``waiting`` gives each candidate's cached tokens as its ``num_computed``
+    (see the module docstring).
 
     Args:
         budget: The step's token and sequence caps.
@@ -125,7 +135,8 @@ class ArrayView:
         num_tokens: int ``[S]``: tokens known for each (prompt plus generated).
         prompt_len: int ``[S]``: prompt lengths.
         requests: The ``S`` running requests, as phasesched requests.
-        waiting: Called once per :meth:`waiting` call: the waiting requests in queue order.
+        waiting: Called once per :meth:`waiting` call: the waiting requests in queue order,
+            each with the tokens it would claim from the host's prefix cache as ``num_computed``.
         num_waiting: How many requests wait (``-1``: count ``waiting()``).
         page_count: int ``[S]``: pages each holds (default: enough for its computed tokens).
         arrival_time: float ``[S]`` (default: the requests' own).
@@ -231,10 +242,16 @@ def propose(policy: SchedulingPolicy, view: PolicyView) -> Selection:
     phase priority, and returns a selection that :func:`check_proposal` accepted. Nothing in
     the host changes; applying the selection is the host's job.
 
+    A cache-aware queue order re-ranks the view's waiting requests here, as the scheduler's
+    own view does, so every host gets the order phasesched's scheduler would commit.
+
     Raises:
         InvalidPlanError: The policy (a plugin, perhaps) proposed a step the view cannot hold.
 
     """
+    order = policy.queue_order
+    if isinstance(order, CacheAwareOrder):
+        view = cast("PolicyView", _Reranked(view, order))
     # The builder and the built-in priorities are annotated with phasesched's own view; they
     # read only what PolicyView declares.
     scheduler_view = cast("SchedulerView", view)
@@ -245,6 +262,21 @@ def propose(policy: SchedulingPolicy, view: PolicyView) -> Selection:
         raise InvalidPlanError(msg)
     check_proposal(selection, view)
     return selection
+
+
+class _Reranked:
+    """``view`` whose waiting requests a cache-aware order re-ranks (re-ranking twice changes nothing)."""
+
+    def __init__(self, view: PolicyView, order: CacheAwareOrder) -> None:
+        self._view, self._order = view, order
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._view, name)
+
+    def waiting(self) -> Iterator[WaitingCandidate]:
+        """The view's waiting requests, re-ranked."""
+        view = self._view
+        return rerank(view.waiting(), view.num_waiting, self._order)
 
 
 def check_proposal(selection: Selection, view: PolicyView) -> None:

@@ -269,6 +269,7 @@ class PagedKVManager:
             self._grow_rows()
         slot = self._free_slots.pop()
         self._open[slot] = True
+        self._nameable[slot] = INT32_MAX  # a new table's content is known until limit_naming says otherwise
         return slot
 
     def grow_to(self, slot: int, num_tokens: int) -> None:
@@ -447,9 +448,9 @@ class PagedKVManager:
         if len(pages) != num_pages or self._count[slot]:
             msg = f"cannot claim {num_pages} cached pages for table {slot}: {len(pages)} are cached"
             raise InvalidArgumentError(msg)
+        self._ensure_width(num_pages)  # first: the only step here that can fail (memory)
         idle = [p for p in pages if self._refcount[p] == 0]
         stamps = self._cache.unpark(idle)
-        self._ensure_width(num_pages)
         self._table[slot, :num_pages] = pages
         self._count[slot] = num_pages
         self._hashed[slot] = num_pages
@@ -468,6 +469,11 @@ class PagedKVManager:
         self._hashed[claim.slot] = 0
         self._cache.repark(claim.unparked, claim.stamps)
         self._cache.count_lookup(-claim.queried, -len(pages))
+
+    def uncount_claim(self, claim: Claim | None) -> None:
+        """Take a claim's lookup out of the hit counters, as if it never happened (its admission was given back)."""
+        if claim is not None and self._cache is not None:
+            self._cache.count_lookup(-claim.queried, -len(claim.pages))
 
     def pages_to_hash(self, slots: Int32Array, num_computed: Int32Array) -> Int32Array:
         """int32 ``[K]``: full pages of each table not yet offered to the cache (all 0 when caching is off).

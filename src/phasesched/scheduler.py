@@ -31,7 +31,7 @@ from phasesched.errors import (
 )
 from phasesched.executor import StepResult
 from phasesched.journal import Journal
-from phasesched.kv import HeldKV, PagedKVManager
+from phasesched.kv import Claim, HeldKV, PagedKVManager
 from phasesched.plan import StepPlan, build_step_plan, token_positions
 from phasesched.policies.builder import BatchBuilder, checked_chunk
 from phasesched.policies.chunking import ChunkContext, PrefillCandidate
@@ -174,6 +174,7 @@ class Scheduler:
         order = self.policy.queue_order
         self._rerank = order if isinstance(order, CacheAwareOrder) else None  # checked once: a Protocol check is slow
         self._holds: dict[str, tuple[int, HeldKV]] = {}  # P/D: finished requests' KV, held until released
+        self._claims: dict[int, Claim] = {}  # the plan in flight's cached-prefix claims, by slot, for abandon()
 
     # ------------------------------------------------------------------ requests
     def add_request(self, request: Request, *, precomputed_tokens: int = 0) -> None:
@@ -261,6 +262,7 @@ class Scheduler:
         journal = Journal()
         self._save_scalars(journal)
         try:
+            self._drop_carried(seq.request.request_id, journal)
             if seq.slot >= 0:
                 self._retire(np.array([seq.slot], np.int32), journal)
             else:
@@ -270,6 +272,19 @@ class Scheduler:
         except BaseException:
             journal.rollback()
             raise
+
+    def _drop_carried(self, request_id: str, journal: Journal) -> None:
+        """Forget a carried preemption of a request that ends before a plan reported it.
+
+        An abandoned plan's preemptions are reported by the next plan; a request that ends
+        (aborted, failed) in between is reported in ``released`` instead, and only there:
+        listing it as preempted too would tell the executor and the metrics about a request
+        that is gone.
+        """
+        carried = self._carried_preempted
+        if request_id in carried:
+            self._carried_preempted = [r for r in carried if r != request_id]
+            journal.record(functools.partial(setattr, self, "_carried_preempted", carried))
 
     # ------------------------------------------------------------------ the loop
     def schedule(self, now: float = 0.0) -> StepPlan:
@@ -397,9 +412,12 @@ class Scheduler:
         pages the plan's new tokens took; those the plan admitted return to the waiting queue
         in their old place, unpreempted (a disaggregated request's transferred KV is dropped
         with its pages and recomputed). Requests the plan preempted stay preempted, and
-        requests aborted while it was in flight are retired now. The next plan repeats what
-        this one told the executor: its ``preempted`` and ``released`` carry over, and the
-        requests it admitted are released. The plan's ``step_id`` is not reused.
+        requests aborted while it was in flight are retired now. Cached prefixes its admissions
+        claimed stay cached, and their lookups leave the hit counters (the readmission counts
+        them again). The next plan repeats what this one told the executor: its ``preempted``
+        and ``released`` carry over (a preempted request that ends before that plan, failed or
+        aborted, is only released), and the requests it admitted are released. The plan's
+        ``step_id`` is not reused.
 
         Returns:
             The requests aborted while the plan was in flight, now retired.
@@ -430,6 +448,8 @@ class Scheduler:
         if not len(slots):
             return []
         seqs: list[SequenceState] = self._arrays.seqs[slots].tolist()
+        for slot in slots.tolist():  # the admission looked up and claimed nothing after all
+            self.kv.uncount_claim(self._claims.pop(slot, None))
         self._retire(slots, Journal())
         for seq in seqs:
             seq.status = RequestStatus.PREEMPTED if seq.num_preemptions else RequestStatus.WAITING
@@ -716,6 +736,10 @@ class Scheduler:
         preempted = [*self._carried_preempted, *self._preempt(selection.preempted, journal)]
         slots, start, known, num_new = selection.running_slots, checked.start, checked.known, selection.running_tokens
         new_requests: list[Request] = []
+        if self._claims:  # the last plan's claims: it was updated or abandoned
+            claims = self._claims
+            self._claims = {}
+            journal.record(functools.partial(setattr, self, "_claims", claims))
         if selection.admitted:  # first, so cached prefixes are claimed before growth may evict them
             admitted, new_requests = self._admit(selection.admitted, checked.admitted_cached, journal)
         self._extend(slots, checked.new_pages, journal)
@@ -798,12 +822,13 @@ class Scheduler:
             slot = self.kv.open()
             journal.record(functools.partial(self.kv.close_empty, slot))
             self._arrays.load(slot, seq, self.config.max_model_len)
+            # Recorded at once: the claim below may raise, and a loaded slot reads as running.
+            journal.record(functools.partial(self._arrays.unload, np.array([slot], np.int32)))
             if self.kv.prefix_caching:
                 self.kv.limit_naming(slot, INT32_MAX if seq.outputs is not None else len(seq.page_hashes))
                 if not seq.precomputed:
                     self._claim(slot, seq, cached_pages[i], journal)
             seq.slot, seq.status = slot, RequestStatus.RUNNING
-            journal.record(functools.partial(self._arrays.unload, np.array([slot], np.int32)))
             slots[i] = slot
             requests.append(seq.request)
         if len(slots):
@@ -815,6 +840,9 @@ class Scheduler:
         hashes = seq.claimable_hashes(self.kv.page_size)
         claim = self.kv.claim(slot, hashes, num_pages, queried=len(hashes))
         journal.record(functools.partial(self.kv.unclaim, claim))
+        if claim is not None:
+            self._claims[slot] = claim
+            journal.record(functools.partial(self._claims.pop, slot))
         self._arrays.computed[slot] = num_pages * self.kv.page_size
 
     def _register_pages(self, slots: Int32Array, computed: Int32Array, journal: Journal) -> None:

@@ -9,7 +9,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from phasesched.errors import InvalidPlanError
-from phasesched.policies.queue_order import CacheAwareOrder
+from phasesched.policies.queue_order import CacheAwareOrder, rerank
 from phasesched.request import Request
 from phasesched.running import RunningArrays, read_only
 from phasesched.sequence import SequenceState
@@ -106,10 +106,7 @@ class SchedulerView:
             WaitingCandidate(seq.request, seq.num_tokens, seq.num_preemptions, self._computed_at_admission(seq))
             for seq in self._waiting.ordered()
         )
-        order = self._rerank
-        if order is not None and len(self._waiting) <= order.max_queue_depth:
-            return iter(sorted(candidates, key=order.rank))  # stable: ties keep the queue's order
-        return candidates
+        return rerank(candidates, len(self._waiting), self._rerank) if self._rerank is not None else candidates
 
     def _computed_at_admission(self, seq: SequenceState) -> int:
         """Tokens a waiting request would start with: transferred, or its cached prefix."""

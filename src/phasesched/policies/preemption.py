@@ -45,12 +45,17 @@ class LatestArrival:
     """Evict the most recent arrival first (vLLM's FCFS behaviour: last in, first out)."""
 
     def order(self, view: SchedulerView, slots: Int32Array) -> Int32Array:
-        """Latest arrival first; ties by slot, highest first.
+        """Latest arrival first; ties by place in ``slots``, last first.
+
+        The batch builder passes running requests in admission order, so a tie goes to the
+        latest admitted, as vLLM pops its running list's tail. Slot numbers are not used: a
+        host numbers its slots its own way (phasesched's scheduler reuses freed ones), and the
+        victim must not depend on that.
 
         Returns:
             int32 ``[K]``: ``slots`` (int32 ``[K]``) re-ordered.
         """
-        return slots[np.lexsort((-slots, -view.arrival_time[slots]))]
+        return slots[np.lexsort((-np.arange(len(slots)), -view.arrival_time[slots]))]
 
 
 @attrs.frozen

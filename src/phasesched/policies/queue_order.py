@@ -13,6 +13,7 @@ fall back to their fixed key, so a deep queue costs no more than FCFS.
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Iterator
 from typing import Any, Protocol, runtime_checkable
 
 import attrs
@@ -29,6 +30,7 @@ __all__ = [
     "PriorityOrder",
     "QueueOrder",
     "ShortestRemainingPrefill",
+    "rerank",
 ]
 
 
@@ -133,3 +135,17 @@ class CacheAwareAging:
     def rank(self, candidate: WaitingCandidate) -> float:
         """Aged uncached tokens."""
         return candidate.remaining + self.aging_tokens_per_s * candidate.request.arrival_time
+
+
+def rerank(
+    candidates: Iterable[WaitingCandidate], num_waiting: int, order: CacheAwareOrder | None
+) -> Iterator[WaitingCandidate]:
+    """Waiting ``candidates`` (in queue order) in the order a policy sees them this step.
+
+    A cache-aware ``order`` sorts them, stably, by :meth:`CacheAwareOrder.rank` while at most
+    its ``max_queue_depth`` wait; otherwise (and without one) they keep the queue's order.
+    Sorting an already re-ranked queue again changes nothing, so a host may re-rank freely.
+    """
+    if order is not None and num_waiting <= order.max_queue_depth:
+        return iter(sorted(candidates, key=order.rank))
+    return iter(candidates)
