@@ -24,6 +24,7 @@ from phasesched.view import SchedulerView
 from tests.strategies import PRESETS, CappedDecodes, PassThrough, Shape, preset, priorities, request_of, workloads
 
 PlanShape = tuple[object, ...]
+METADATA = ("slots", "prompt_len", "samples", "qo_indptr", "kv_indptr", "kv_last_page_len", "kv_len", "positions")
 
 
 def plans(policy: SchedulingPolicy, shapes: list[Shape], pages: int) -> list[PlanShape]:
@@ -48,9 +49,15 @@ def plans(policy: SchedulingPolicy, shapes: list[Shape], pages: int) -> list[Pla
                 plan.kv_indices.tolist(),
                 plan.preempted,
                 None if plan.input_ids is None else plan.input_ids.tolist(),
+                # the rest of the metadata and the outcome: the steady step builds them its own way
+                [getattr(plan, name).tolist() for name in METADATA],
+                plan.step_id,
+                plan.released,
+                plan.new_requests,
             )
         )
-        scheduler.update(plan, executor.execute(plan))
+        outcome = scheduler.update(plan, executor.execute(plan))
+        seen.append((outcome.request_ids, outcome.new_token_ids.tolist(), outcome.finished))
         scheduler.check_invariants()
     return seen
 

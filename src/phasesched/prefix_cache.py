@@ -62,7 +62,12 @@ class PrefixCache:
         self._hash_of: dict[int, int] = {}
         self._idle: OrderedDict[int, int] = OrderedDict()  # page -> stamp, least recent first
         self._stamp = 0
-        self.stats = CacheStats()
+        self._counts = [0, 0, 0, 0]  # queried, hits, evictions, registered: plain ints on the hot path
+
+    @property
+    def stats(self) -> CacheStats:
+        """The counters so far."""
+        return CacheStats(*self._counts)
 
     @property
     def num_idle(self) -> int:
@@ -112,16 +117,14 @@ class PrefixCache:
 
     def evict(self, count: int) -> Evicted:
         """Drop the ``count`` least recently released idle pages from the cache, for reuse."""
-        pages, stamps = [], []
-        for _ in range(count):
-            page, stamp = self._idle.popitem(last=False)
-            pages.append(page)
-            stamps.append(stamp)
-        hashes = tuple(self._hash_of.pop(page) for page in pages)
+        popitem = self._idle.popitem
+        pages, stamps = zip(*[popitem(last=False) for _ in range(count)], strict=True) if count else ((), ())
+        hash_of, page_of = self._hash_of, self._page_of
+        hashes = tuple(map(hash_of.pop, pages))
         for value in hashes:
-            del self._page_of[value]
-        self._count(evictions=count)
-        return Evicted(tuple(pages), hashes, tuple(stamps))
+            del page_of[value]
+        self._counts[2] += count
+        return Evicted(pages, hashes, stamps)
 
     def unevict(self, evicted: Evicted) -> None:
         """Undo :meth:`evict`: the pages are cached and idle again."""
@@ -135,10 +138,20 @@ class PrefixCache:
         A page whose hash is already cached (the same prefix computed twice at once) stays
         unnamed: the first copy is the one later requests share.
         """
-        new = [(p, h) for p, h in zip(pages, hashes, strict=True) if h not in self._page_of and p not in self._hash_of]
-        self._map([p for p, _ in new], [h for _, h in new])
-        self._count(registered=len(new))
-        return tuple(p for p, _ in new)
+        page_of, hash_of = self._page_of, self._hash_of
+        if len(pages) != len(hashes):
+            msg = f"{len(pages)} pages but {len(hashes)} hashes"
+            raise ValueError(msg)
+        if page_of.keys().isdisjoint(hashes) and hash_of.keys().isdisjoint(pages):  # the usual case: all new
+            new_pages = tuple(pages)
+            hash_of.update(zip(new_pages, hashes, strict=True))
+            page_of.update(zip(hashes, new_pages, strict=True))
+        else:
+            new = [(p, h) for p, h in zip(pages, hashes, strict=True) if h not in page_of and p not in hash_of]
+            self._map([p for p, _ in new], [h for _, h in new])
+            new_pages = tuple(p for p, _ in new)
+        self._counts[3] += len(new_pages)
+        return new_pages
 
     def unregister(self, pages: Sequence[int]) -> None:
         """Undo :meth:`register` (the pages are in use, so not idle)."""
@@ -155,6 +168,9 @@ class PrefixCache:
             self._hash_of[page] = value
             self._page_of[value] = page
 
-    def _count(self, **delta: int) -> None:
-        stats = self.stats
-        self.stats = attrs.evolve(stats, **{k: getattr(stats, k) + v for k, v in delta.items()})
+    def _count(self, *, queried: int = 0, hits: int = 0, evictions: int = 0, registered: int = 0) -> None:
+        counts = self._counts
+        counts[0] += queried
+        counts[1] += hits
+        counts[2] += evictions
+        counts[3] += registered

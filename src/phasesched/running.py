@@ -37,10 +37,18 @@ class TokenBuffer:
         row[: len(prompt)] = prompt
         row[len(prompt) : length] = outputs
 
-    def write(self, slots: Int32Array, positions: Int32Array, tokens: Int32Array) -> None:
-        """Store ``tokens[i]`` at position ``positions[i]`` of row ``slots[i]``."""
+    def write(
+        self, slots: Int32Array, positions: Int32Array, tokens: Int32Array, *, max_position: int | None = None
+    ) -> None:
+        """Store ``tokens[i]`` at position ``positions[i]`` of row ``slots[i]``.
+
+        Rows must already exist (a request's row is made when it is loaded); ``max_position``,
+        when the caller knows it, spares finding the largest position.
+        """
         if len(slots):
-            self._ensure(int(slots.max()) + 1, int(positions.max()) + 1)
+            last = int(positions.max()) if max_position is None else max_position
+            if last >= self.ids.shape[1]:
+                self._ensure(int(slots.max()) + 1, last + 1)
             self.ids[slots, positions] = tokens
 
     def gather(self, rows: Int32Array, positions: Int32Array) -> Int32Array:

@@ -73,6 +73,67 @@ def _frozen(array: Int32Array) -> Int32Array:
     return array
 
 
+class _SteadyBatch:
+    """What the steady all-decode step keeps from one step to the next (internal).
+
+    While the running set is unchanged and every request decodes, each step schedules the same
+    slices: request ids, slots, one token each, prompt lengths, and (until a page boundary is
+    crossed) the same KV pages. Those arrays are built once, frozen and shared by the plans;
+    a step computes only what moves (context lengths, last-page lengths, input ids).
+    """
+
+    __slots__ = (
+        "all_ids",
+        "any_eos",
+        "any_stop",
+        "eos",
+        "id_index",
+        "kv_indices",
+        "kv_indptr",
+        "max_start",
+        "next_start",
+        "ones",
+        "plan",
+        "prompt_len",
+        "qo_indptr",
+        "request_ids",
+        "running",
+        "some_ids",
+        "to_cross",
+        "to_length",
+        "trues",
+        "version",
+    )
+
+    def __init__(self, scheduler: Scheduler, start: Int32Array, known: Int32Array) -> None:
+        arrays, running, size = scheduler._arrays, scheduler._running, scheduler.kv.page_size  # noqa: SLF001
+        n = len(running)
+        self.running = running
+        self.request_ids: tuple[str, ...] = tuple(arrays.ids[running].tolist())
+        self.ones = _frozen(np.ones(n, dtype=np.int32))
+        self.trues: NDArray[np.bool_] = np.ones(n, dtype=bool)
+        self.trues.flags.writeable = False
+        self.qo_indptr = _frozen(np.arange(n + 1, dtype=np.int32))
+        self.prompt_len = _frozen(arrays.prompt_len[running])
+        self.eos = arrays.eos[running]
+        self.any_eos = bool(np.count_nonzero(self.eos >= 0))
+        self.any_stop = bool(np.count_nonzero(arrays.has_stop_set[running]))
+        has_ids = arrays.has_ids[running]
+        self.all_ids = bool(has_ids.all())
+        self.some_ids = bool(has_ids.any())
+        self.id_index = np.flatnonzero(has_ids)
+        self.next_start = _frozen(start.copy())
+        self.max_start = int(start.max())
+        # Steps (from the next one) until a slice first starts on a fresh page, and until the
+        # first request reaches its length limit (its sampled token then finishes it).
+        self.to_cross = int(((-start) % size).min())
+        self.to_length = int((arrays.max_known[running] - known).min())
+        self.kv_indptr: Int32Array | None = None
+        self.kv_indices: Int32Array | None = None
+        self.plan: StepPlan | None = None
+        self.version = -1
+
+
 @attrs.frozen
 class SchedulerConfig:
     """The deployment the scheduler plans for.
@@ -171,6 +232,7 @@ class Scheduler:
         # Steady all-decode steps are built without asking the policy, for the built-in phase
         # priorities that are known (and property-tested) to schedule every decode then.
         self._steady_fast_path = type(self.policy.priority) in EVERY_DECODE_PRIORITIES
+        self._steady: _SteadyBatch | None = None  # valid while its version is the scheduler's
         order = self.policy.queue_order
         self._rerank = order if isinstance(order, CacheAwareOrder) else None  # checked once: a Protocol check is slow
         self._holds: dict[str, tuple[int, HeldKV]] = {}  # P/D: finished requests' KV, held until released
@@ -289,16 +351,86 @@ class Scheduler:
         if now - now != 0:  # NaN and infinities; one subtraction on the hot path
             msg = f"now must be a finite number of seconds, got {now!r}"
             raise InvalidArgumentError(msg)
-        checked = self._steady_step() if self._steady_fast_path else None
-        checked = checked if checked is not None else self._ask_policy(now)
         journal = Journal()
         try:
-            plan = self._commit(checked, journal)
+            plan = self._steady_plan(journal) if self._steady_fast_path else None
+            if plan is None:
+                plan = self._commit(self._ask_policy(now), journal)
         except BaseException:
             journal.rollback()
+            self._steady = None  # it may have moved on with the rolled-back step
             raise
         self._in_flight = plan
         self._version += 1
+        steady = self._steady
+        if steady is not None and steady.plan is plan:
+            steady.version = self._version
+        return plan
+
+    def _steady_plan(self, journal: Journal) -> StepPlan | None:
+        """The next step built from the steady batch, when every running request decodes and nothing waits.
+
+        The batch's frozen arrays are shared with its previous plans; only context lengths,
+        last-page lengths and input ids are computed, and the KV pages gathered again only when
+        a slice starts a fresh page. Gives exactly the plan :meth:`_commit` would build for
+        :meth:`_steady_step`'s selection (``tests/test_steady_fast_path.py`` holds them together).
+        """
+        steady = self._steady
+        if steady is None or steady.version != self._version or steady.running is not self._running:
+            steady = None
+            if len(self._waiting):
+                return None
+            checked = self._steady_step()
+            if checked is None:
+                self._steady = None
+                return None
+            steady = self._steady = _SteadyBatch(self, checked.start, checked.known)
+        elif len(self._waiting):
+            return None
+        kv, running, start = self.kv, steady.running, steady.next_start
+        size = kv.page_size
+        if steady.to_cross == 0 or steady.kv_indices is None:
+            new_pages = kv.pages_to_grow(running, start + 1)
+            if int(new_pages.sum()) > kv.num_free_pages:
+                return None  # the policy would preempt: let it
+            self._extend(running, new_pages, journal)
+            steady.kv_indptr, steady.kv_indices = (_frozen(a) for a in kv.gather(running, kv.page_counts[running]))
+            steady.to_cross = int(((-1 - start) % size).min())
+        else:
+            steady.to_cross -= 1
+        kv_len = start + 1
+        last_page_len = start % size
+        last_page_len += 1
+        arrays = self._arrays
+        input_ids = _frozen(arrays.last_token[running]) if steady.all_ids else None
+        assert steady.kv_indptr is not None
+        assert steady.kv_indices is not None
+        plan = StepPlan(
+            step_id=self._next_step,
+            request_ids=steady.request_ids,
+            slots=running,
+            start=start,
+            num_new=steady.ones,
+            prompt_len=steady.prompt_len,
+            samples=steady.trues,
+            qo_indptr=steady.qo_indptr,
+            kv_indptr=steady.kv_indptr,
+            kv_indices=steady.kv_indices,
+            kv_last_page_len=_frozen(last_page_len),
+            kv_len=_frozen(kv_len),
+            positions=start,
+            input_ids=input_ids,
+            page_size=size,
+            preempted=tuple(self._carried_preempted),
+            new_requests=(),
+            released=tuple(self._released),
+        )
+        steady.plan = plan
+        self._next_step += 1
+        if self._released:
+            self._save_scalars(journal)
+            self._released = []
+        self._carried_preempted = []
         return plan
 
     def _save_scalars(self, journal: Journal) -> None:
@@ -352,6 +484,11 @@ class Scheduler:
             raise InvalidResultError(msg)
         _expect(result, StepResult, InvalidResultError, "update's result")
         result.check_against(plan)
+        steady = self._steady
+        if steady is not None and steady.plan is plan and steady.version == self._version:
+            outcome = self._steady_update(steady, plan, result)
+            if outcome is not None:
+                return outcome
         journal = Journal()
         try:
             finished = self._apply(plan, result, journal)
@@ -366,6 +503,49 @@ class Scheduler:
             request_ids=plan.request_ids,
             new_token_ids=new_tokens,
             finished=finished,
+            duration_s=result.duration_s,
+        )
+
+    def _steady_update(self, steady: _SteadyBatch, plan: StepPlan, result: StepResult) -> StepOutcome | None:
+        """Apply a steady plan's result when no request finishes; ``None`` (nothing changed) when one might."""
+        tokens = result.token_ids
+        if steady.to_length <= 1 or result.finished is not None or steady.any_stop:
+            return None
+        if steady.any_eos and np.count_nonzero(tokens == steady.eos):
+            return None
+        arrays, slots, kv_len = self._arrays, plan.slots, plan.kv_len
+        last_token = arrays.last_token[slots]  # a copy, for the undo
+        journal = Journal()
+
+        def undo() -> None:
+            arrays.computed[slots], arrays.known[slots], arrays.last_token[slots] = plan.start, kv_len, last_token
+
+        journal.record(undo)
+        try:
+            arrays.computed[slots] = kv_len
+            arrays.known[slots] = kv_len + 1
+            arrays.last_token[slots] = tokens
+            if steady.all_ids:
+                arrays.tokens.write(slots, kv_len, tokens, max_position=steady.max_start + 1)
+            elif steady.some_ids:
+                index = steady.id_index
+                arrays.tokens.write(slots[index], kv_len[index], tokens[index])
+            if self.kv.prefix_caching and steady.to_cross == 0:  # a page filled in this step
+                self._register_pages(slots, kv_len, journal)
+        except BaseException:
+            journal.rollback()
+            raise
+        steady.next_start = kv_len
+        steady.max_start += 1
+        steady.to_length -= 1
+        self._in_flight = None
+        self._version += 1
+        steady.version = self._version
+        return StepOutcome(
+            step_id=plan.step_id,
+            request_ids=plan.request_ids,
+            new_token_ids=tokens.copy(),
+            finished=(),
             duration_s=result.duration_s,
         )
 
