@@ -26,7 +26,7 @@ from phasesched.errors import InvalidArgumentError, OutOfPagesError, UnknownTabl
 from phasesched.prefix_cache import CacheStats, Evicted, PrefixCache
 from phasesched.validators import INT32_MAX, is_int
 
-__all__ = ["Claim", "FreedTables", "HeldKV", "PagedKVManager", "Registration"]
+__all__ = ["Claim", "FreedTables", "HeldKV", "PagedKVManager", "Registration", "Registrations"]
 
 Int32Array = NDArray[np.int32]
 _NO_PAGE = -1
@@ -65,6 +65,15 @@ class Registration:
 
     slot: int
     offered: int
+    registered: tuple[int, ...]
+
+
+@attrs.frozen(eq=False)
+class Registrations:
+    """Pages :meth:`PagedKVManager.register_many` named, for :meth:`PagedKVManager.unregister_many` (opaque)."""
+
+    slots: Int32Array
+    offered: Int32Array
     registered: tuple[int, ...]
 
 
@@ -499,6 +508,36 @@ class PagedKVManager:
         registered = self._cache.register(pages, hashes)
         self._hashed[slot] = first + offered
         return Registration(slot, offered, registered)
+
+    def register_many(
+        self, slots: Int32Array, page_hashes: list[list[int]], num_pages: NDArray[np.integer]
+    ) -> Registrations:
+        """Offer the next ``num_pages[i]`` full pages of each table ``slots[i]`` (distinct) to the cache.
+
+        ``page_hashes[i]`` lists table ``slots[i]``'s page hashes from its first page on; the
+        pages offered are named by theirs as far as the list goes, and stay unnamed beyond it
+        (as :meth:`register` leaves them). Tables are taken in order, so a hash already cached,
+        or named earlier in the same call, leaves its page unnamed: the first copy is the one
+        later requests share.
+        """
+        assert self._cache is not None
+        first = self._hashed[slots]
+        ends = first + num_pages
+        named = [h[f:e] for h, f, e in zip(page_hashes, first.tolist(), ends.tolist(), strict=True)]
+        lengths = np.fromiter((len(n) for n in named), dtype=np.int64, count=len(named))
+        rows, cols = _layout(slots, first, lengths)
+        pages: list[int] = self._table[rows, cols].tolist()
+        registered = self._cache.register(pages, [h for n in named for h in n])
+        self._hashed[slots] = ends
+        offered = num_pages.astype(np.int32)
+        offered.flags.writeable = False
+        return Registrations(_read_only(slots.copy()), offered, registered)
+
+    def unregister_many(self, registrations: Registrations) -> None:
+        """Undo :meth:`register_many`."""
+        assert self._cache is not None
+        self._cache.unregister(registrations.registered)
+        self._hashed[registrations.slots] -= registrations.offered
 
     def unregister(self, registration: Registration) -> None:
         """Undo :meth:`register`."""

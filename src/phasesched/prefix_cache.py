@@ -133,23 +133,28 @@ class PrefixCache:
         self._count(evictions=-len(evicted.pages))
 
     def register(self, pages: Sequence[int], hashes: Sequence[int]) -> tuple[int, ...]:
-        """Name freshly filled pages by their hashes; return those registered.
+        """Name freshly filled pages by their hashes, in order; return those registered.
 
-        A page whose hash is already cached (the same prefix computed twice at once) stays
-        unnamed: the first copy is the one later requests share.
+        A page whose hash is already cached, or met earlier in the same call (the same prefix
+        computed twice at once), stays unnamed: the first copy is the one later requests share.
         """
         page_of, hash_of = self._page_of, self._hash_of
         if len(pages) != len(hashes):
             msg = f"{len(pages)} pages but {len(hashes)} hashes"
             raise ValueError(msg)
-        if page_of.keys().isdisjoint(hashes) and hash_of.keys().isdisjoint(pages):  # the usual case: all new
-            new_pages = tuple(pages)
+        distinct = set(hashes)
+        if len(distinct) == len(hashes) and page_of.keys().isdisjoint(distinct) and hash_of.keys().isdisjoint(pages):
+            new_pages = tuple(pages)  # the usual case: every page and hash new, named in two C-level updates
             hash_of.update(zip(new_pages, hashes, strict=True))
             page_of.update(zip(hashes, new_pages, strict=True))
         else:
-            new = [(p, h) for p, h in zip(pages, hashes, strict=True) if h not in page_of and p not in hash_of]
-            self._map([p for p, _ in new], [h for _, h in new])
-            new_pages = tuple(p for p, _ in new)
+            named = []
+            for page, value in zip(pages, hashes, strict=True):
+                if value not in page_of and page not in hash_of:
+                    hash_of[page] = value
+                    page_of[value] = page
+                    named.append(page)
+            new_pages = tuple(named)
         self._counts[3] += len(new_pages)
         return new_pages
 

@@ -38,7 +38,7 @@ from phasesched.policies.chunking import ChunkContext, PrefillCandidate
 from phasesched.policies.policy import SchedulingPolicy
 from phasesched.policies.priority import EVERY_DECODE_PRIORITIES
 from phasesched.policies.queue_order import CacheAwareOrder
-from phasesched.prefix import block_page_hashes, extend_page_hashes
+from phasesched.prefix import ROOT_HASH, block_page_hashes, extend_page_hashes
 from phasesched.request import FinishReason, Request, RequestStatus
 from phasesched.running import RunningArrays
 from phasesched.selection import CheckedSelection, Selection, check_selection
@@ -394,7 +394,15 @@ class Scheduler:
             if int(new_pages.sum()) > kv.num_free_pages:
                 return None  # the policy would preempt: let it
             self._extend(running, new_pages, journal)
-            steady.kv_indptr, steady.kv_indices = (_frozen(a) for a in kv.gather(running, kv.page_counts[running]))
+            indptr, indices = steady.kv_indptr, steady.kv_indices
+            if indptr is None or indices is None:
+                indptr, indices = kv.gather(running, kv.page_counts[running])
+            else:  # each slice that starts a page appends one: insert them after their tables' pages
+                grown = np.flatnonzero(new_pages)
+                fresh = kv.gather(running[grown], kv.page_counts[running[grown]])
+                indices = np.insert(indices, indptr[1:][grown], fresh[1][fresh[0][1:] - 1])
+                indptr = indptr + np.concatenate(([0], np.cumsum(new_pages))).astype(np.int32)
+            steady.kv_indptr, steady.kv_indices = _frozen(indptr), _frozen(indices)
             steady.to_cross = int(((-1 - start) % size).min())
         else:
             steady.to_cross -= 1
@@ -999,22 +1007,43 @@ class Scheduler:
 
     def _register_pages(self, slots: Int32Array, computed: Int32Array, journal: Journal) -> None:
         """Name the pages that filled in this step by their content hashes, for later requests to claim."""
-        due = self.kv.pages_to_hash(slots, computed)
-        for i in np.flatnonzero(due).tolist():
-            slot, seq = int(slots[i]), self._arrays.seqs[slots[i]]
-            full = int(computed[i]) // self.kv.page_size
+        kv = self.kv
+        due = kv.pages_to_hash(slots, computed)
+        index = np.flatnonzero(due)
+        if not len(index):
+            return
+        size, arrays = kv.page_size, self._arrays
+        slots, due = slots[index], due[index]
+        full: list[int] = (computed[index] // size).tolist()
+        seqs: list[SequenceState] = arrays.seqs[slots].tolist()
+        has_ids: list[bool] = arrays.has_ids[slots].tolist()
+        extended: list[tuple[SequenceState, int]] = []
+        one_page: list[int] = []  # slices whose generated tokens filled exactly one page (decodes)
+        for i, seq in enumerate(seqs):
             known = len(seq.page_hashes)
-            if known < full and self._arrays.has_ids[slot]:  # generated tokens: hash as their pages fill
-                size = self.kv.page_size
-                tokens = self._arrays.tokens.row(slot, known * size, full * size)  # only the new pages' tokens
-                extend_page_hashes(seq.page_hashes, tokens, size, full, offset=known * size)
-                journal.record(functools.partial(self._truncate_hashes, seq, known))
-            registration = self.kv.register(slot, seq.page_hashes[full - int(due[i]) : full], int(due[i]))
-            journal.record(functools.partial(self.kv.unregister, registration))
+            if known < full[i] and has_ids[i]:  # generated tokens: hash as their pages fill
+                extended.append((seq, known))
+                if known == full[i] - 1:
+                    one_page.append(i)
+                else:
+                    tokens = arrays.tokens.row(int(slots[i]), known * size, full[i] * size)  # the new pages' tokens
+                    extend_page_hashes(seq.page_hashes, tokens, size, full[i], offset=known * size)
+        if one_page:
+            rows = slots[one_page]
+            first = (np.asarray(full, dtype=np.int64)[one_page] - 1) * size
+            pages: list[list[int]] = arrays.tokens.gather(rows[:, None], first[:, None] + np.arange(size)).tolist()
+            for i, tokens in zip(one_page, pages, strict=True):  # extend_page_hashes, one page each
+                hashes = seqs[i].page_hashes
+                hashes.append(hash((hashes[-1] if hashes else ROOT_HASH, tuple(tokens))))
+        if extended:
+            journal.record(functools.partial(self._truncate_hashes, extended))
+        registrations = kv.register_many(slots, [seq.page_hashes for seq in seqs], due)
+        journal.record(functools.partial(kv.unregister_many, registrations))
 
     @staticmethod
-    def _truncate_hashes(seq: SequenceState, length: int) -> None:
-        del seq.page_hashes[length:]
+    def _truncate_hashes(extended: list[tuple[SequenceState, int]]) -> None:
+        for seq, length in extended:
+            del seq.page_hashes[length:]
 
     def _readmit(self, seq: SequenceState, status: RequestStatus) -> None:
         """Undo an admission's removal from the waiting queue: same key, same place."""
