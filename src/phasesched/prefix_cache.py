@@ -13,8 +13,9 @@ and restoring one puts it back in its place in the LRU.
 
 from __future__ import annotations
 
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Iterable, Sequence
+from itertools import islice
 from operator import itemgetter
 
 import attrs
@@ -117,12 +118,14 @@ class PrefixCache:
 
     def evict(self, count: int) -> Evicted:
         """Drop the ``count`` least recently released idle pages from the cache, for reuse."""
-        popitem = self._idle.popitem
-        pages, stamps = zip(*[popitem(last=False) for _ in range(count)], strict=True) if count else ((), ())
-        hash_of, page_of = self._hash_of, self._page_of
-        hashes = tuple(map(hash_of.pop, pages))
-        for value in hashes:
-            del page_of[value]
+        idle = self._idle
+        if count > len(idle):
+            msg = f"cannot evict {count} of {len(idle)} idle pages"
+            raise KeyError(msg)
+        pages = tuple(islice(idle, count))  # least recent first; each map below runs without a Python loop
+        stamps = tuple(map(idle.pop, pages))
+        hashes = tuple(map(self._hash_of.pop, pages))
+        deque(map(self._page_of.pop, hashes), maxlen=0)
         self._counts[2] += count
         return Evicted(pages, hashes, stamps)
 

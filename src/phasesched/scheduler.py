@@ -1067,10 +1067,23 @@ class Scheduler:
         arrays = self._arrays
         if not len(slots) or np.count_nonzero(arrays.has_ids[slots]) < len(slots):
             return None
-        if len(slots) == int(num_new.sum()) and np.array_equal(start, known - 1):
+        total = int(num_new.sum())
+        if len(slots) == total and np.array_equal(start, known - 1):
             last: Int32Array = arrays.last_token[slots]  # all decodes: each feeds its last token
             return last
-        return arrays.tokens.gather(np.repeat(slots, num_new), token_positions(start, num_new))
+        longer = np.flatnonzero(num_new > 1)
+        if len(longer) > 16:  # many multi-token slices: one gather of every position
+            return arrays.tokens.gather(np.repeat(slots, num_new), token_positions(start, num_new))
+        # Few chunks (the usual mixed step): single tokens in one gather, each chunk one row slice.
+        ids = np.empty(total, dtype=np.int32)
+        first = np.cumsum(num_new) - num_new
+        single = num_new == 1
+        ids[first[single]] = arrays.tokens.gather(slots[single], start[single])
+        rows = arrays.tokens.ids
+        for i in longer.tolist():
+            begin, length = int(start[i]), int(num_new[i])
+            ids[first[i] : first[i] + length] = rows[slots[i], begin : begin + length]
+        return ids
 
     def _record_tokens(self, plan: StepPlan, result: StepResult) -> tuple[NDArray[np.bool_], list[FinishReason]]:
         """Record sampled tokens; return which slices finish, and why, in slice order."""

@@ -307,12 +307,13 @@ class BatchBuilder:
         self._any_taken = True
         self.tokens_left -= tokens
         self.pages_left -= total_pages
-        if self._partial:
-            for slot, n, p in zip(slots.tolist(), num_new.tolist(), pages.tolist(), strict=True):
-                if slot in self._partial:
-                    self._reserve[slot] -= p
-                    if n >= self._partial[slot]:
-                        del self._partial[slot], self._reserve[slot]
+        partial = [key for key in self._partial if isinstance(key, int)]  # few: ongoing prefills, by slot
+        for slot in partial:
+            hit = np.flatnonzero(slots == slot)
+            if len(hit):
+                self._reserve[slot] -= int(pages[hit[0]])
+                if int(num_new[hit[0]]) >= self._partial[slot]:
+                    del self._partial[slot], self._reserve[slot]
 
     def _unschedule(self, slot: int) -> None:
         for i, (slots, tokens) in enumerate(zip(self._slots, self._tokens, strict=True)):
