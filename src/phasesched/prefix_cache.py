@@ -145,12 +145,17 @@ class PrefixCache:
         if len(pages) != len(hashes):
             msg = f"{len(pages)} pages but {len(hashes)} hashes"
             raise ValueError(msg)
-        distinct = set(hashes)
-        if len(distinct) == len(hashes) and page_of.keys().isdisjoint(distinct) and hash_of.keys().isdisjoint(pages):
+        size = len(page_of)
+        new_pages: tuple[int, ...] = ()
+        if page_of.keys().isdisjoint(hashes) and hash_of.keys().isdisjoint(pages):
             new_pages = tuple(pages)  # the usual case: every page and hash new, named in two C-level updates
-            hash_of.update(zip(new_pages, hashes, strict=True))
             page_of.update(zip(hashes, new_pages, strict=True))
-        else:
+            if len(page_of) == size + len(hashes):
+                hash_of.update(zip(new_pages, hashes, strict=True))
+            else:  # a hash twice in the call: take the update back and name them one by one
+                for value in hashes:
+                    page_of.pop(value, None)
+        if len(page_of) == size and hashes:
             named = []
             for page, value in zip(pages, hashes, strict=True):
                 if value not in page_of and page not in hash_of:

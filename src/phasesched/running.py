@@ -29,7 +29,7 @@ class TokenBuffer:
     def __init__(self) -> None:
         self.ids = np.zeros((8, 64), dtype=np.int32)
 
-    def load(self, slot: int, prompt: tuple[int, ...], outputs: list[int]) -> None:
+    def load(self, slot: int, prompt: tuple[int, ...] | Int32Array, outputs: list[int]) -> None:
         """Write a request's prompt and generated tokens into row ``slot``."""
         length = len(prompt) + len(outputs)
         self._ensure(slot + 1, length)
@@ -167,7 +167,7 @@ class RunningArrays:
         self.max_known[slot] = min(request.max_total_tokens, max_model_len)
         prompt, outputs = request.prompt_token_ids, seq.outputs
         if prompt is not None and outputs is not None:
-            self.tokens.load(slot, prompt, outputs)
+            self.tokens.load(slot, prompt if seq.prompt_ids is None else seq.prompt_ids, outputs)
             self.last_token[slot] = outputs[-1] if outputs else prompt[-1]
         else:
             self.last_token[slot] = _NO_TOKEN

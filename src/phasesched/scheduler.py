@@ -270,6 +270,8 @@ class Scheduler:
         outputs: list[int] | None = [] if request.has_token_ids else None
         key = self.policy.queue_order.key(request)
         seq = SequenceState(request, key, outputs=outputs, precomputed=int(precomputed_tokens))
+        if request.prompt_token_ids is not None:
+            seq.prompt_ids = _frozen(np.asarray(request.prompt_token_ids, dtype=np.int32))
         if self.kv.prefix_caching:
             seq.page_hashes = prompt_page_hashes(request, self.kv.page_size)
         self._waiting.push(seq)  # first: the one step that can refuse (a plugin's incomparable key)
