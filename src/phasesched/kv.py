@@ -550,8 +550,12 @@ class PagedKVManager:
         cache = self._cache
         if cache is None or not cache.num_hashed:
             return pages
-        cache.park(p for p in pages if cache.is_hashed(p))
-        return [p for p in pages if not cache.is_hashed(p)]
+        hashed = cache.hashed_among(pages)
+        cache.park(hashed)
+        if not hashed:
+            return pages
+        kept = set(hashed)
+        return [p for p in pages if p not in kept]
 
     def _evict(self, count: int) -> Evicted:
         """Drop ``count`` idle cached pages and put them on top of the free pool."""

@@ -101,9 +101,14 @@ class PrefixCache:
     # ---------------------------------------------------------------- changes and their inverses
     def park(self, pages: Iterable[int]) -> None:
         """Pages whose last reference went: idle, most recently released."""
-        for page in pages:
-            self._stamp += 1
-            self._idle[page] = self._stamp
+        pages = list(pages)
+        stamp = self._stamp
+        self._idle.update(zip(pages, range(stamp + 1, stamp + 1 + len(pages)), strict=True))
+        self._stamp = stamp + len(pages)
+
+    def hashed_among(self, pages: Iterable[int]) -> list[int]:
+        """Those of ``pages`` that carry a hash, in order."""
+        return list(filter(self._hash_of.__contains__, pages))
 
     def unpark(self, pages: Iterable[int]) -> tuple[int, ...]:
         """Take idle ``pages`` out of the LRU (a claim, or undoing :meth:`park`); return their stamps."""
