@@ -522,16 +522,18 @@ class PagedKVManager:
         """
         assert self._cache is not None
         first = self._hashed[slots]
-        ends = first + num_pages
-        named = [h[f:e] for h, f, e in zip(page_hashes, first.tolist(), ends.tolist(), strict=True)]
-        lengths = np.fromiter((len(n) for n in named), dtype=np.int64, count=len(named))
-        rows, cols = _layout(slots, first, lengths)
-        pages: list[int] = self._table[rows, cols].tolist()
-        registered = self._cache.register(pages, [h for n in named for h in n])
-        self._hashed[slots] = ends
+        named = [h[f : f + n] for h, f, n in zip(page_hashes, first.tolist(), num_pages.tolist(), strict=True)]
+        hashes = [h for n in named for h in n]
+        if len(hashes) == len(named) and all(named):  # one page each (decodes filling a page): no layout
+            pages: list[int] = self._table[slots, first].tolist()
+        else:
+            lengths = np.fromiter((len(n) for n in named), dtype=np.int64, count=len(named))
+            rows, cols = _layout(slots, first, lengths)
+            pages = self._table[rows, cols].tolist()
+        registered = self._cache.register(pages, hashes)
         offered = num_pages.astype(np.int32)
-        offered.flags.writeable = False
-        return Registrations(_read_only(slots.copy()), offered, registered)
+        self._hashed[slots] = first + offered
+        return Registrations(slots.copy(), offered, registered)
 
     def unregister_many(self, registrations: Registrations) -> None:
         """Undo :meth:`register_many`."""

@@ -87,6 +87,7 @@ class _SteadyBatch:
         "any_eos",
         "any_stop",
         "eos",
+        "groups",
         "id_index",
         "kv_indices",
         "kv_indptr",
@@ -99,7 +100,7 @@ class _SteadyBatch:
         "request_ids",
         "running",
         "some_ids",
-        "to_cross",
+        "step",
         "to_length",
         "trues",
         "version",
@@ -124,9 +125,15 @@ class _SteadyBatch:
         self.id_index = np.flatnonzero(has_ids)
         self.next_start = _frozen(start.copy())
         self.max_start = int(start.max())
-        # Steps (from the next one) until a slice first starts on a fresh page, and until the
-        # first request reaches its length limit (its sampled token then finishes it).
-        self.to_cross = int(((-start) % size).min())
+        # Every slice advances one token a step, so which of them start a fresh page in a step
+        # depends only on its offset in its page: slices grouped by that offset take turns.
+        # ``step`` counts the batch's steps; in step t, group ``-t % page_size`` starts pages.
+        offset = start % size
+        order = np.argsort(offset, kind="stable").astype(np.int32)
+        bounds = np.cumsum(np.bincount(offset, minlength=size))[:-1]
+        self.groups: list[NDArray[np.int32]] = np.split(order, bounds)
+        self.step = 0
+        # Steps until the first request reaches its length limit (its sampled token then finishes it).
         self.to_length = int((arrays.max_known[running] - known).min())
         self.kv_indptr: Int32Array | None = None
         self.kv_indices: Int32Array | None = None
@@ -391,23 +398,28 @@ class Scheduler:
             return None
         kv, running, start = self.kv, steady.running, steady.next_start
         size = kv.page_size
-        if steady.to_cross == 0 or steady.kv_indices is None:
+        starting = steady.groups[-steady.step % size]  # slices that start a fresh page in this step
+        indptr, indices = steady.kv_indptr, steady.kv_indices
+        if indptr is None or indices is None:  # the batch's first step: its tables as they stand
             new_pages = kv.pages_to_grow(running, start + 1)
             if int(new_pages.sum()) > kv.num_free_pages:
                 return None  # the policy would preempt: let it
             self._extend(running, new_pages, journal)
-            indptr, indices = steady.kv_indptr, steady.kv_indices
-            if indptr is None or indices is None:
-                indptr, indices = kv.gather(running, kv.page_counts[running])
-            else:  # each slice that starts a page appends one: insert them after their tables' pages
-                grown = np.flatnonzero(new_pages)
-                fresh = kv.gather(running[grown], kv.page_counts[running[grown]])
-                indices = np.insert(indices, indptr[1:][grown], fresh[1][fresh[0][1:] - 1])
-                indptr = indptr + np.concatenate(([0], np.cumsum(new_pages))).astype(np.int32)
+            indptr, indices = kv.gather(running, kv.page_counts[running])
             steady.kv_indptr, steady.kv_indices = _frozen(indptr), _frozen(indices)
-            steady.to_cross = int(((-1 - start) % size).min())
-        else:
-            steady.to_cross -= 1
+        elif len(starting):
+            if len(starting) > kv.num_free_pages:
+                return None  # the policy would preempt: let it
+            grown = running[starting]
+            self._extend(grown, np.ones(len(grown), dtype=np.int64), journal)
+            # Each appends one page: insert them after their tables' pages, shift the offsets.
+            fresh = kv.gather(grown, kv.page_counts[grown])
+            indices = np.insert(indices, indptr[1:][starting], fresh[1][fresh[0][1:] - 1])
+            shift = np.zeros(len(indptr), dtype=np.int32)
+            shift[starting + 1] = 1
+            indptr = indptr + np.cumsum(shift, dtype=np.int32)
+            steady.kv_indptr, steady.kv_indices = _frozen(indptr), _frozen(indices)
+        steady.step += 1
         kv_len = start + 1
         last_page_len = start % size
         last_page_len += 1
@@ -540,8 +552,9 @@ class Scheduler:
             elif steady.some_ids:
                 index = steady.id_index
                 arrays.tokens.write(slots[index], kv_len[index], tokens[index])
-            if self.kv.prefix_caching and steady.to_cross == 0:  # a page filled in this step
-                self._register_pages(slots, kv_len, journal)
+            filled = steady.groups[-steady.step % self.kv.page_size]  # they start a page next step
+            if self.kv.prefix_caching and len(filled):  # their last pages filled in this step
+                self._register_pages(slots[filled], kv_len[filled], journal)
         except BaseException:
             journal.rollback()
             raise
