@@ -78,6 +78,21 @@ class TestFastPathEquivalence:
         policy = preset(name)
         assert plans(policy, shapes, pages) == plans(asked_every_step(policy), shapes, pages)
 
+    @given(
+        name=st.sampled_from(PRESETS),
+        shapes=workloads(),
+        pages=st.integers(20, 80),
+        seats=st.integers(1, 3),
+    )
+    @settings(SETTINGS, max_examples=150)
+    def test_presets_match_the_policy_while_requests_wait_for_a_seat(
+        self, name: str, shapes: list[Shape], pages: int, seats: int
+    ) -> None:
+        """With a sequence cap that binds, so that requests wait beside steady decodes, the plans are identical too."""
+        policy = preset(name)
+        policy = attrs.evolve(policy, budget=attrs.evolve(policy.budget, max_num_seqs=seats))
+        assert plans(policy, shapes, pages) == plans(asked_every_step(policy), shapes, pages)
+
     @given(priority=priorities(), shapes=workloads(max_size=6), pages=st.integers(16, 64))
     @SETTINGS
     def test_plugin_like_priorities_match_the_policy(

@@ -34,7 +34,7 @@ from phasesched.journal import Journal
 from phasesched.kv import HeldKV, PagedKVManager
 from phasesched.plan import StepPlan, build_step_plan, token_positions
 from phasesched.policies.builder import BatchBuilder, checked_chunk
-from phasesched.policies.chunking import ChunkContext, PrefillCandidate
+from phasesched.policies.chunking import ChunkContext, FixedChunk, LongPrefillThreshold, NoChunking, PrefillCandidate
 from phasesched.policies.policy import SchedulingPolicy
 from phasesched.policies.priority import EVERY_DECODE_PRIORITIES
 from phasesched.policies.queue_order import CacheAwareOrder
@@ -240,6 +240,14 @@ class Scheduler:
         # priorities that are known (and property-tested) to schedule every decode then.
         self._steady_fast_path = type(self.policy.priority) in EVERY_DECODE_PRIORITIES
         self._steady: _SteadyBatch | None = None  # valid while its version is the scheduler's
+        # Waiting requests leave a steady step as it is once the sequence cap is reached, if the
+        # policy never preempts for them and its chunk sizer is a built-in one: the priority then
+        # asks the chunk sizer about one (a plugin's answer could raise) and finds no seat.
+        self._seated_steady = not self.policy.preemption.preempt_for_waiting and type(self.policy.chunker) in {
+            NoChunking,
+            FixedChunk,
+            LongPrefillThreshold,
+        }
         order = self.policy.queue_order
         self._rerank = order if isinstance(order, CacheAwareOrder) else None  # checked once: a Protocol check is slow
         self._holds: dict[str, tuple[int, HeldKV]] = {}  # P/D: finished requests' KV, held until released
@@ -384,18 +392,15 @@ class Scheduler:
         a slice starts a fresh page. Gives exactly the plan :meth:`_commit` would build for
         :meth:`_steady_step`'s selection (``tests/test_steady_fast_path.py`` holds them together).
         """
+        if len(self._waiting) and not self._waiting_unseated():
+            return None
         steady = self._steady
         if steady is None or steady.version != self._version or steady.running is not self._running:
-            steady = None
-            if len(self._waiting):
-                return None
-            checked = self._steady_step()
+            checked = self._steady_step(unseated_waiting=True)
             if checked is None:
                 self._steady = None
                 return None
             steady = self._steady = _SteadyBatch(self, checked.start, checked.known)
-        elif len(self._waiting):
-            return None
         kv, running, start = self.kv, steady.running, steady.next_start
         size = kv.page_size
         starting = steady.groups[-steady.step % size]  # slices that start a fresh page in this step
@@ -715,7 +720,11 @@ class Scheduler:
         self._save_scalars(journal)
         return self._finish(done, [FinishReason.LENGTH] * len(done), journal)
 
-    def _steady_step(self) -> CheckedSelection | None:
+    def _waiting_unseated(self) -> bool:
+        """Whether no waiting request can be seated in this step (see ``_seated_steady``)."""
+        return self._seated_steady and len(self._running) >= self.policy.budget.max_num_seqs
+
+    def _steady_step(self, *, unseated_waiting: bool = False) -> CheckedSelection | None:
         """The next step, when it is certain to be every running request decoding one token.
 
         That holds when no plan is in flight, nothing waits, every running request decodes (one
@@ -723,10 +732,14 @@ class Scheduler:
         phase priority is a built-in one known to schedule every decode then (the caller checks
         :data:`~phasesched.policies.priority.EVERY_DECODE_PRIORITIES`). Then the policy's answer
         is known without asking it, and as the selection is built here from the scheduler's own
-        state there is nothing to check.
+        state there is nothing to check. With ``unseated_waiting``, requests may wait while no
+        seat is free for them, the policy never preempts for them and the chunk sizer is a
+        built-in one: the built-in priorities then find no seat and schedule every decode too.
         """
         running = self._running
-        if self._in_flight is not None or len(self._waiting) or not len(running):
+        if self._in_flight is not None or not len(running):
+            return None
+        if len(self._waiting) and not (unseated_waiting and self._waiting_unseated()):
             return None
         if len(running) > self.policy.budget.max_num_batched_tokens:
             return None
