@@ -110,7 +110,7 @@ INTERNAL_PARTS: dict[str, Callable[[Scheduler], tuple[object, str]]] = {
     "kv.free_many": lambda s: (s.kv, "free_many"),
     "kv.gather": lambda s: (s.kv, "gather"),
     "kv.claim": lambda s: (s.kv, "claim"),
-    "kv.register": lambda s: (s.kv, "register"),
+    "kv.register_many": lambda s: (s.kv, "register_many"),
     "arrays.load": lambda s: (s._arrays, "load"),
     "arrays.unload": lambda s: (s._arrays, "unload"),
     "tokens.write": lambda s: (s._arrays.tokens, "write"),
@@ -235,7 +235,7 @@ class TestAtomicity:
             scheduler.update(plan, executor.execute(plan))
         assert scheduler.kv.num_free_pages == scheduler.kv.num_pages
 
-    @pytest.mark.parametrize("part", ["kv.claim", "kv.extend_many", "kv.gather", "build_step_plan", "kv.register"])
+    @pytest.mark.parametrize("part", ["kv.claim", "kv.extend_many", "kv.gather", "build_step_plan", "kv.register_many"])
     def test_a_failed_claim_or_registration_restores_the_cache_exactly(self, part: str) -> None:
         """A step that claimed idle cached pages (or named new ones) and then failed leaves the LRU order as it was."""
         scheduler = Scheduler(SchedulerConfig(num_pages=64, page_size=4), preset("vllm"))

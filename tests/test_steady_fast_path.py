@@ -24,6 +24,7 @@ from phasesched.view import SchedulerView
 from tests.strategies import PRESETS, CappedDecodes, PassThrough, Shape, preset, priorities, request_of, workloads
 
 PlanShape = tuple[object, ...]
+METADATA = ("slots", "prompt_len", "samples", "qo_indptr", "kv_indptr", "kv_last_page_len", "kv_len", "positions")
 
 
 def plans(policy: SchedulingPolicy, shapes: list[Shape], pages: int) -> list[PlanShape]:
@@ -48,9 +49,15 @@ def plans(policy: SchedulingPolicy, shapes: list[Shape], pages: int) -> list[Pla
                 plan.kv_indices.tolist(),
                 plan.preempted,
                 None if plan.input_ids is None else plan.input_ids.tolist(),
+                # the rest of the metadata and the outcome: the steady step builds them its own way
+                [getattr(plan, name).tolist() for name in METADATA],
+                plan.step_id,
+                plan.released,
+                plan.new_requests,
             )
         )
-        scheduler.update(plan, executor.execute(plan))
+        outcome = scheduler.update(plan, executor.execute(plan))
+        seen.append((outcome.request_ids, outcome.new_token_ids.tolist(), outcome.finished))
         scheduler.check_invariants()
     return seen
 
@@ -69,6 +76,21 @@ class TestFastPathEquivalence:
     def test_presets_match_the_policy(self, name: str, shapes: list[Shape], pages: int) -> None:
         """With or without the fast path, every preset produces identical plans step for step."""
         policy = preset(name)
+        assert plans(policy, shapes, pages) == plans(asked_every_step(policy), shapes, pages)
+
+    @given(
+        name=st.sampled_from(PRESETS),
+        shapes=workloads(),
+        pages=st.integers(20, 80),
+        seats=st.integers(1, 3),
+    )
+    @settings(SETTINGS, max_examples=150)
+    def test_presets_match_the_policy_while_requests_wait_for_a_seat(
+        self, name: str, shapes: list[Shape], pages: int, seats: int
+    ) -> None:
+        """With a sequence cap that binds, so that requests wait beside steady decodes, the plans are identical too."""
+        policy = preset(name)
+        policy = attrs.evolve(policy, budget=attrs.evolve(policy.budget, max_num_seqs=seats))
         assert plans(policy, shapes, pages) == plans(asked_every_step(policy), shapes, pages)
 
     @given(priority=priorities(), shapes=workloads(max_size=6), pages=st.integers(16, 64))

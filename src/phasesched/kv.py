@@ -26,7 +26,7 @@ from phasesched.errors import InvalidArgumentError, OutOfPagesError, UnknownTabl
 from phasesched.prefix_cache import CacheStats, Evicted, PrefixCache
 from phasesched.validators import INT32_MAX, is_int
 
-__all__ = ["Claim", "FreedTables", "HeldKV", "PagedKVManager", "Registration"]
+__all__ = ["Claim", "FreedTables", "HeldKV", "PagedKVManager", "Registration", "Registrations"]
 
 Int32Array = NDArray[np.int32]
 _NO_PAGE = -1
@@ -65,6 +65,15 @@ class Registration:
 
     slot: int
     offered: int
+    registered: tuple[int, ...]
+
+
+@attrs.frozen(eq=False)
+class Registrations:
+    """Pages :meth:`PagedKVManager.register_many` named, for :meth:`PagedKVManager.unregister_many` (opaque)."""
+
+    slots: Int32Array
+    offered: Int32Array
     registered: tuple[int, ...]
 
 
@@ -506,6 +515,38 @@ class PagedKVManager:
         self._hashed[slot] = first + offered
         return Registration(slot, offered, registered)
 
+    def register_many(
+        self, slots: Int32Array, page_hashes: list[list[int]], num_pages: NDArray[np.integer]
+    ) -> Registrations:
+        """Offer the next ``num_pages[i]`` full pages of each table ``slots[i]`` (distinct) to the cache.
+
+        ``page_hashes[i]`` lists table ``slots[i]``'s page hashes from its first page on; the
+        pages offered are named by theirs as far as the list goes, and stay unnamed beyond it
+        (as :meth:`register` leaves them). Tables are taken in order, so a hash already cached,
+        or named earlier in the same call, leaves its page unnamed: the first copy is the one
+        later requests share.
+        """
+        assert self._cache is not None
+        first = self._hashed[slots]
+        named = [h[f : f + n] for h, f, n in zip(page_hashes, first.tolist(), num_pages.tolist(), strict=True)]
+        hashes = [h for n in named for h in n]
+        if len(hashes) == len(named) and all(named):  # one page each (decodes filling a page): no layout
+            pages: list[int] = self._table[slots, first].tolist()
+        else:
+            lengths = np.fromiter((len(n) for n in named), dtype=np.int64, count=len(named))
+            rows, cols = _layout(slots, first, lengths)
+            pages = self._table[rows, cols].tolist()
+        registered = self._cache.register(pages, hashes)
+        offered = num_pages.astype(np.int32)
+        self._hashed[slots] = first + offered
+        return Registrations(slots.copy(), offered, registered)
+
+    def unregister_many(self, registrations: Registrations) -> None:
+        """Undo :meth:`register_many`."""
+        assert self._cache is not None
+        self._cache.unregister(registrations.registered)
+        self._hashed[registrations.slots] -= registrations.offered
+
     def unregister(self, registration: Registration) -> None:
         """Undo :meth:`register`."""
         assert self._cache is not None
@@ -517,8 +558,12 @@ class PagedKVManager:
         cache = self._cache
         if cache is None or not cache.num_hashed:
             return pages
-        cache.park(p for p in pages if cache.is_hashed(p))
-        return [p for p in pages if not cache.is_hashed(p)]
+        hashed = cache.hashed_among(pages)
+        cache.park(hashed)
+        if not hashed:
+            return pages
+        kept = set(hashed)
+        return [p for p in pages if p not in kept]
 
     def _evict(self, count: int) -> Evicted:
         """Drop ``count`` idle cached pages and put them on top of the free pool."""

@@ -13,8 +13,9 @@ and restoring one puts it back in its place in the LRU.
 
 from __future__ import annotations
 
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Iterable, Sequence
+from itertools import islice
 from operator import itemgetter
 
 import attrs
@@ -62,7 +63,12 @@ class PrefixCache:
         self._hash_of: dict[int, int] = {}
         self._idle: OrderedDict[int, int] = OrderedDict()  # page -> stamp, least recent first
         self._stamp = 0
-        self.stats = CacheStats()
+        self._counts = [0, 0, 0, 0]  # queried, hits, evictions, registered: plain ints on the hot path
+
+    @property
+    def stats(self) -> CacheStats:
+        """The counters so far."""
+        return CacheStats(*self._counts)
 
     @property
     def num_idle(self) -> int:
@@ -95,9 +101,14 @@ class PrefixCache:
     # ---------------------------------------------------------------- changes and their inverses
     def park(self, pages: Iterable[int]) -> None:
         """Pages whose last reference went: idle, most recently released."""
-        for page in pages:
-            self._stamp += 1
-            self._idle[page] = self._stamp
+        pages = list(pages)
+        stamp = self._stamp
+        self._idle.update(zip(pages, range(stamp + 1, stamp + 1 + len(pages)), strict=True))
+        self._stamp = stamp + len(pages)
+
+    def hashed_among(self, pages: Iterable[int]) -> list[int]:
+        """Those of ``pages`` that carry a hash, in order."""
+        return list(filter(self._hash_of.__contains__, pages))
 
     def unpark(self, pages: Iterable[int]) -> tuple[int, ...]:
         """Take idle ``pages`` out of the LRU (a claim, or undoing :meth:`park`); return their stamps."""
@@ -112,16 +123,16 @@ class PrefixCache:
 
     def evict(self, count: int) -> Evicted:
         """Drop the ``count`` least recently released idle pages from the cache, for reuse."""
-        pages, stamps = [], []
-        for _ in range(count):
-            page, stamp = self._idle.popitem(last=False)
-            pages.append(page)
-            stamps.append(stamp)
-        hashes = tuple(self._hash_of.pop(page) for page in pages)
-        for value in hashes:
-            del self._page_of[value]
-        self._count(evictions=count)
-        return Evicted(tuple(pages), hashes, tuple(stamps))
+        idle = self._idle
+        if count > len(idle):
+            msg = f"cannot evict {count} of {len(idle)} idle pages"
+            raise KeyError(msg)
+        pages = tuple(islice(idle, count))  # least recent first; each map below runs without a Python loop
+        stamps = tuple(map(idle.pop, pages))
+        hashes = tuple(map(self._hash_of.pop, pages))
+        deque(map(self._page_of.pop, hashes), maxlen=0)
+        self._counts[2] += count
+        return Evicted(pages, hashes, stamps)
 
     def unevict(self, evicted: Evicted) -> None:
         """Undo :meth:`evict`: the pages are cached and idle again."""
@@ -130,15 +141,35 @@ class PrefixCache:
         self._count(evictions=-len(evicted.pages))
 
     def register(self, pages: Sequence[int], hashes: Sequence[int]) -> tuple[int, ...]:
-        """Name freshly filled pages by their hashes; return those registered.
+        """Name freshly filled pages by their hashes, in order; return those registered.
 
-        A page whose hash is already cached (the same prefix computed twice at once) stays
-        unnamed: the first copy is the one later requests share.
+        A page whose hash is already cached, or met earlier in the same call (the same prefix
+        computed twice at once), stays unnamed: the first copy is the one later requests share.
         """
-        new = [(p, h) for p, h in zip(pages, hashes, strict=True) if h not in self._page_of and p not in self._hash_of]
-        self._map([p for p, _ in new], [h for _, h in new])
-        self._count(registered=len(new))
-        return tuple(p for p, _ in new)
+        page_of, hash_of = self._page_of, self._hash_of
+        if len(pages) != len(hashes):
+            msg = f"{len(pages)} pages but {len(hashes)} hashes"
+            raise ValueError(msg)
+        size = len(page_of)
+        new_pages: tuple[int, ...] = ()
+        if page_of.keys().isdisjoint(hashes) and hash_of.keys().isdisjoint(pages):
+            new_pages = tuple(pages)  # the usual case: every page and hash new, named in two C-level updates
+            page_of.update(zip(hashes, new_pages, strict=True))
+            if len(page_of) == size + len(hashes):
+                hash_of.update(zip(new_pages, hashes, strict=True))
+            else:  # a hash twice in the call: take the update back and name them one by one
+                for value in hashes:
+                    page_of.pop(value, None)
+        if len(page_of) == size and hashes:
+            named = []
+            for page, value in zip(pages, hashes, strict=True):
+                if value not in page_of and page not in hash_of:
+                    hash_of[page] = value
+                    page_of[value] = page
+                    named.append(page)
+            new_pages = tuple(named)
+        self._counts[3] += len(new_pages)
+        return new_pages
 
     def unregister(self, pages: Sequence[int]) -> None:
         """Undo :meth:`register` (the pages are in use, so not idle)."""
@@ -155,6 +186,9 @@ class PrefixCache:
             self._hash_of[page] = value
             self._page_of[value] = page
 
-    def _count(self, **delta: int) -> None:
-        stats = self.stats
-        self.stats = attrs.evolve(stats, **{k: getattr(stats, k) + v for k, v in delta.items()})
+    def _count(self, *, queried: int = 0, hits: int = 0, evictions: int = 0, registered: int = 0) -> None:
+        counts = self._counts
+        counts[0] += queried
+        counts[1] += hits
+        counts[2] += evictions
+        counts[3] += registered

@@ -29,7 +29,7 @@ class TokenBuffer:
     def __init__(self) -> None:
         self.ids = np.zeros((8, 64), dtype=np.int32)
 
-    def load(self, slot: int, prompt: tuple[int, ...], outputs: list[int]) -> None:
+    def load(self, slot: int, prompt: tuple[int, ...] | Int32Array, outputs: list[int]) -> None:
         """Write a request's prompt and generated tokens into row ``slot``."""
         length = len(prompt) + len(outputs)
         self._ensure(slot + 1, length)
@@ -37,10 +37,18 @@ class TokenBuffer:
         row[: len(prompt)] = prompt
         row[len(prompt) : length] = outputs
 
-    def write(self, slots: Int32Array, positions: Int32Array, tokens: Int32Array) -> None:
-        """Store ``tokens[i]`` at position ``positions[i]`` of row ``slots[i]``."""
+    def write(
+        self, slots: Int32Array, positions: Int32Array, tokens: Int32Array, *, max_position: int | None = None
+    ) -> None:
+        """Store ``tokens[i]`` at position ``positions[i]`` of row ``slots[i]``.
+
+        Rows must already exist (a request's row is made when it is loaded); ``max_position``,
+        when the caller knows it, spares finding the largest position.
+        """
         if len(slots):
-            self._ensure(int(slots.max()) + 1, int(positions.max()) + 1)
+            last = int(positions.max()) if max_position is None else max_position
+            if last >= self.ids.shape[1]:
+                self._ensure(int(slots.max()) + 1, last + 1)
             self.ids[slots, positions] = tokens
 
     def gather(self, rows: Int32Array, positions: Int32Array) -> Int32Array:
@@ -159,7 +167,7 @@ class RunningArrays:
         self.max_known[slot] = min(request.max_total_tokens, max_model_len)
         prompt, outputs = request.prompt_token_ids, seq.outputs
         if prompt is not None and outputs is not None:
-            self.tokens.load(slot, prompt, outputs)
+            self.tokens.load(slot, prompt if seq.prompt_ids is None else seq.prompt_ids, outputs)
             self.last_token[slot] = outputs[-1] if outputs else prompt[-1]
         else:
             self.last_token[slot] = _NO_TOKEN

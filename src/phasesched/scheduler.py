@@ -34,11 +34,11 @@ from phasesched.journal import Journal
 from phasesched.kv import Claim, HeldKV, PagedKVManager
 from phasesched.plan import StepPlan, build_step_plan, token_positions
 from phasesched.policies.builder import BatchBuilder, checked_chunk
-from phasesched.policies.chunking import ChunkContext, PrefillCandidate
+from phasesched.policies.chunking import ChunkContext, FixedChunk, LongPrefillThreshold, NoChunking, PrefillCandidate
 from phasesched.policies.policy import SchedulingPolicy
 from phasesched.policies.priority import EVERY_DECODE_PRIORITIES
 from phasesched.policies.queue_order import CacheAwareOrder
-from phasesched.prefix import block_page_hashes, extend_page_hashes
+from phasesched.prefix import ROOT_HASH, block_page_hashes, extend_page_hashes
 from phasesched.request import FinishReason, Request, RequestStatus
 from phasesched.running import RunningArrays
 from phasesched.selection import CheckedSelection, Selection, check_selection
@@ -71,6 +71,74 @@ def prompt_page_hashes(request: Request, page_size: int) -> list[int]:
 def _frozen(array: Int32Array) -> Int32Array:
     array.flags.writeable = False
     return array
+
+
+class _SteadyBatch:
+    """What the steady all-decode step keeps from one step to the next (internal).
+
+    While the running set is unchanged and every request decodes, each step schedules the same
+    slices: request ids, slots, one token each, prompt lengths, and (until a page boundary is
+    crossed) the same KV pages. Those arrays are built once, frozen and shared by the plans;
+    a step computes only what moves (context lengths, last-page lengths, input ids).
+    """
+
+    __slots__ = (
+        "all_ids",
+        "any_eos",
+        "any_stop",
+        "eos",
+        "groups",
+        "id_index",
+        "kv_indices",
+        "kv_indptr",
+        "max_start",
+        "next_start",
+        "ones",
+        "plan",
+        "prompt_len",
+        "qo_indptr",
+        "request_ids",
+        "running",
+        "some_ids",
+        "step",
+        "to_length",
+        "trues",
+        "version",
+    )
+
+    def __init__(self, scheduler: Scheduler, start: Int32Array, known: Int32Array) -> None:
+        arrays, running, size = scheduler._arrays, scheduler._running, scheduler.kv.page_size  # noqa: SLF001
+        n = len(running)
+        self.running = running
+        self.request_ids: tuple[str, ...] = tuple(arrays.ids[running].tolist())
+        self.ones = _frozen(np.ones(n, dtype=np.int32))
+        self.trues: NDArray[np.bool_] = np.ones(n, dtype=bool)
+        self.trues.flags.writeable = False
+        self.qo_indptr = _frozen(np.arange(n + 1, dtype=np.int32))
+        self.prompt_len = _frozen(arrays.prompt_len[running])
+        self.eos = arrays.eos[running]
+        self.any_eos = bool(np.count_nonzero(self.eos >= 0))
+        self.any_stop = bool(np.count_nonzero(arrays.has_stop_set[running]))
+        has_ids = arrays.has_ids[running]
+        self.all_ids = bool(has_ids.all())
+        self.some_ids = bool(has_ids.any())
+        self.id_index = np.flatnonzero(has_ids)
+        self.next_start = _frozen(start.copy())
+        self.max_start = int(start.max())
+        # Every slice advances one token a step, so which of them start a fresh page in a step
+        # depends only on its offset in its page: slices grouped by that offset take turns.
+        # ``step`` counts the batch's steps; in step t, group ``-t % page_size`` starts pages.
+        offset = start % size
+        order = np.argsort(offset, kind="stable").astype(np.int32)
+        bounds = np.cumsum(np.bincount(offset, minlength=size))[:-1]
+        self.groups: list[NDArray[np.int32]] = np.split(order, bounds)
+        self.step = 0
+        # Steps until the first request reaches its length limit (its sampled token then finishes it).
+        self.to_length = int((arrays.max_known[running] - known).min())
+        self.kv_indptr: Int32Array | None = None
+        self.kv_indices: Int32Array | None = None
+        self.plan: StepPlan | None = None
+        self.version = -1
 
 
 @attrs.frozen
@@ -171,6 +239,15 @@ class Scheduler:
         # Steady all-decode steps are built without asking the policy, for the built-in phase
         # priorities that are known (and property-tested) to schedule every decode then.
         self._steady_fast_path = type(self.policy.priority) in EVERY_DECODE_PRIORITIES
+        self._steady: _SteadyBatch | None = None  # valid while its version is the scheduler's
+        # Waiting requests leave a steady step as it is once the sequence cap is reached, if the
+        # policy never preempts for them and its chunk sizer is a built-in one: the priority then
+        # asks the chunk sizer about one (a plugin's answer could raise) and finds no seat.
+        self._seated_steady = not self.policy.preemption.preempt_for_waiting and type(self.policy.chunker) in {
+            NoChunking,
+            FixedChunk,
+            LongPrefillThreshold,
+        }
         order = self.policy.queue_order
         self._rerank = order if isinstance(order, CacheAwareOrder) else None  # checked once: a Protocol check is slow
         self._holds: dict[str, tuple[int, HeldKV]] = {}  # P/D: finished requests' KV, held until released
@@ -209,6 +286,8 @@ class Scheduler:
         outputs: list[int] | None = [] if request.has_token_ids else None
         key = self.policy.queue_order.key(request)
         seq = SequenceState(request, key, outputs=outputs, precomputed=int(precomputed_tokens))
+        if request.prompt_token_ids is not None:
+            seq.prompt_ids = _frozen(np.asarray(request.prompt_token_ids, dtype=np.int32))
         if self.kv.prefix_caching:
             seq.page_hashes = prompt_page_hashes(request, self.kv.page_size)
         self._waiting.push(seq)  # first: the one step that can refuse (a plugin's incomparable key)
@@ -304,16 +383,96 @@ class Scheduler:
         if now - now != 0:  # NaN and infinities; one subtraction on the hot path
             msg = f"now must be a finite number of seconds, got {now!r}"
             raise InvalidArgumentError(msg)
-        checked = self._steady_step() if self._steady_fast_path else None
-        checked = checked if checked is not None else self._ask_policy(now)
         journal = Journal()
         try:
-            plan = self._commit(checked, journal)
+            plan = self._steady_plan(journal) if self._steady_fast_path else None
+            if plan is None:
+                plan = self._commit(self._ask_policy(now), journal)
         except BaseException:
             journal.rollback()
+            self._steady = None  # it may have moved on with the rolled-back step
             raise
         self._in_flight = plan
         self._version += 1
+        steady = self._steady
+        if steady is not None and steady.plan is plan:
+            steady.version = self._version
+        return plan
+
+    def _steady_plan(self, journal: Journal) -> StepPlan | None:
+        """The next step built from the steady batch, when every running request decodes and nothing waits.
+
+        The batch's frozen arrays are shared with its previous plans; only context lengths,
+        last-page lengths and input ids are computed, and the KV pages gathered again only when
+        a slice starts a fresh page. Gives exactly the plan :meth:`_commit` would build for
+        :meth:`_steady_step`'s selection (``tests/test_steady_fast_path.py`` holds them together).
+        """
+        if len(self._waiting) and not self._waiting_unseated():
+            return None
+        steady = self._steady
+        if steady is None or steady.version != self._version or steady.running is not self._running:
+            checked = self._steady_step(unseated_waiting=True)
+            if checked is None:
+                self._steady = None
+                return None
+            steady = self._steady = _SteadyBatch(self, checked.start, checked.known)
+        kv, running, start = self.kv, steady.running, steady.next_start
+        size = kv.page_size
+        starting = steady.groups[-steady.step % size]  # slices that start a fresh page in this step
+        indptr, indices = steady.kv_indptr, steady.kv_indices
+        if indptr is None or indices is None:  # the batch's first step: its tables as they stand
+            new_pages = kv.pages_to_grow(running, start + 1)
+            if int(new_pages.sum()) > kv.num_free_pages:
+                return None  # the policy would preempt: let it
+            self._extend(running, new_pages, journal)
+            indptr, indices = kv.gather(running, kv.page_counts[running])
+            steady.kv_indptr, steady.kv_indices = _frozen(indptr), _frozen(indices)
+        elif len(starting):
+            if len(starting) > kv.num_free_pages:
+                return None  # the policy would preempt: let it
+            grown = running[starting]
+            self._extend(grown, np.ones(len(grown), dtype=np.int64), journal)
+            # Each appends one page: insert them after their tables' pages, shift the offsets.
+            fresh = kv.gather(grown, kv.page_counts[grown])
+            indices = np.insert(indices, indptr[1:][starting], fresh[1][fresh[0][1:] - 1])
+            shift = np.zeros(len(indptr), dtype=np.int32)
+            shift[starting + 1] = 1
+            indptr = indptr + np.cumsum(shift, dtype=np.int32)
+            steady.kv_indptr, steady.kv_indices = _frozen(indptr), _frozen(indices)
+        steady.step += 1
+        kv_len = start + 1
+        last_page_len = start % size
+        last_page_len += 1
+        arrays = self._arrays
+        input_ids = _frozen(arrays.last_token[running]) if steady.all_ids else None
+        assert steady.kv_indptr is not None
+        assert steady.kv_indices is not None
+        plan = StepPlan(
+            step_id=self._next_step,
+            request_ids=steady.request_ids,
+            slots=running,
+            start=start,
+            num_new=steady.ones,
+            prompt_len=steady.prompt_len,
+            samples=steady.trues,
+            qo_indptr=steady.qo_indptr,
+            kv_indptr=steady.kv_indptr,
+            kv_indices=steady.kv_indices,
+            kv_last_page_len=_frozen(last_page_len),
+            kv_len=_frozen(kv_len),
+            positions=start,
+            input_ids=input_ids,
+            page_size=size,
+            preempted=tuple(self._carried_preempted),
+            new_requests=(),
+            released=tuple(self._released),
+        )
+        steady.plan = plan
+        self._next_step += 1
+        if self._released:
+            self._save_scalars(journal)
+            self._released = []
+        self._carried_preempted = []
         return plan
 
     def _save_scalars(self, journal: Journal) -> None:
@@ -367,6 +526,11 @@ class Scheduler:
             raise InvalidResultError(msg)
         _expect(result, StepResult, InvalidResultError, "update's result")
         result.check_against(plan)
+        steady = self._steady
+        if steady is not None and steady.plan is plan and steady.version == self._version:
+            outcome = self._steady_update(steady, plan, result)
+            if outcome is not None:
+                return outcome
         journal = Journal()
         try:
             finished = self._apply(plan, result, journal)
@@ -381,6 +545,50 @@ class Scheduler:
             request_ids=plan.request_ids,
             new_token_ids=new_tokens,
             finished=finished,
+            duration_s=result.duration_s,
+        )
+
+    def _steady_update(self, steady: _SteadyBatch, plan: StepPlan, result: StepResult) -> StepOutcome | None:
+        """Apply a steady plan's result when no request finishes; ``None`` (nothing changed) when one might."""
+        tokens = result.token_ids
+        if steady.to_length <= 1 or result.finished is not None or steady.any_stop:
+            return None
+        if steady.any_eos and np.count_nonzero(tokens == steady.eos):
+            return None
+        arrays, slots, kv_len = self._arrays, plan.slots, plan.kv_len
+        last_token = arrays.last_token[slots]  # a copy, for the undo
+        journal = Journal()
+
+        def undo() -> None:
+            arrays.computed[slots], arrays.known[slots], arrays.last_token[slots] = plan.start, kv_len, last_token
+
+        journal.record(undo)
+        try:
+            arrays.computed[slots] = kv_len
+            arrays.known[slots] = kv_len + 1
+            arrays.last_token[slots] = tokens
+            if steady.all_ids:
+                arrays.tokens.write(slots, kv_len, tokens, max_position=steady.max_start + 1)
+            elif steady.some_ids:
+                index = steady.id_index
+                arrays.tokens.write(slots[index], kv_len[index], tokens[index])
+            filled = steady.groups[-steady.step % self.kv.page_size]  # they start a page next step
+            if self.kv.prefix_caching and len(filled):  # their last pages filled in this step
+                self._register_pages(slots[filled], kv_len[filled], journal)
+        except BaseException:
+            journal.rollback()
+            raise
+        steady.next_start = kv_len
+        steady.max_start += 1
+        steady.to_length -= 1
+        self._in_flight = None
+        self._version += 1
+        steady.version = self._version
+        return StepOutcome(
+            step_id=plan.step_id,
+            request_ids=plan.request_ids,
+            new_token_ids=tokens.copy(),
+            finished=(),
             duration_s=result.duration_s,
         )
 
@@ -532,7 +740,11 @@ class Scheduler:
         self._save_scalars(journal)
         return self._finish(done, [FinishReason.LENGTH] * len(done), journal)
 
-    def _steady_step(self) -> CheckedSelection | None:
+    def _waiting_unseated(self) -> bool:
+        """Whether no waiting request can be seated in this step (see ``_seated_steady``)."""
+        return self._seated_steady and len(self._running) >= self.policy.budget.max_num_seqs
+
+    def _steady_step(self, *, unseated_waiting: bool = False) -> CheckedSelection | None:
         """The next step, when it is certain to be every running request decoding one token.
 
         That holds when no plan is in flight, nothing waits, every running request decodes (one
@@ -540,10 +752,14 @@ class Scheduler:
         phase priority is a built-in one known to schedule every decode then (the caller checks
         :data:`~phasesched.policies.priority.EVERY_DECODE_PRIORITIES`). Then the policy's answer
         is known without asking it, and as the selection is built here from the scheduler's own
-        state there is nothing to check.
+        state there is nothing to check. With ``unseated_waiting``, requests may wait while no
+        seat is free for them, the policy never preempts for them and the chunk sizer is a
+        built-in one: the built-in priorities then find no seat and schedule every decode too.
         """
         running = self._running
-        if self._in_flight is not None or len(self._waiting) or not len(running):
+        if self._in_flight is not None or not len(running):
+            return None
+        if len(self._waiting) and not (unseated_waiting and self._waiting_unseated()):
             return None
         if len(running) > self.policy.budget.max_num_batched_tokens:
             return None
@@ -847,22 +1063,43 @@ class Scheduler:
 
     def _register_pages(self, slots: Int32Array, computed: Int32Array, journal: Journal) -> None:
         """Name the pages that filled in this step by their content hashes, for later requests to claim."""
-        due = self.kv.pages_to_hash(slots, computed)
-        for i in np.flatnonzero(due).tolist():
-            slot, seq = int(slots[i]), self._arrays.seqs[slots[i]]
-            full = int(computed[i]) // self.kv.page_size
+        kv = self.kv
+        due = kv.pages_to_hash(slots, computed)
+        index = np.flatnonzero(due)
+        if not len(index):
+            return
+        size, arrays = kv.page_size, self._arrays
+        slots, due = slots[index], due[index]
+        full: list[int] = (computed[index] // size).tolist()
+        seqs: list[SequenceState] = arrays.seqs[slots].tolist()
+        has_ids: list[bool] = arrays.has_ids[slots].tolist()
+        extended: list[tuple[SequenceState, int]] = []
+        one_page: list[int] = []  # slices whose generated tokens filled exactly one page (decodes)
+        for i, seq in enumerate(seqs):
             known = len(seq.page_hashes)
-            if known < full and self._arrays.has_ids[slot]:  # generated tokens: hash as their pages fill
-                size = self.kv.page_size
-                tokens = self._arrays.tokens.row(slot, known * size, full * size)  # only the new pages' tokens
-                extend_page_hashes(seq.page_hashes, tokens, size, full, offset=known * size)
-                journal.record(functools.partial(self._truncate_hashes, seq, known))
-            registration = self.kv.register(slot, seq.page_hashes[full - int(due[i]) : full], int(due[i]))
-            journal.record(functools.partial(self.kv.unregister, registration))
+            if known < full[i] and has_ids[i]:  # generated tokens: hash as their pages fill
+                extended.append((seq, known))
+                if known == full[i] - 1:
+                    one_page.append(i)
+                else:
+                    tokens = arrays.tokens.row(int(slots[i]), known * size, full[i] * size)  # the new pages' tokens
+                    extend_page_hashes(seq.page_hashes, tokens, size, full[i], offset=known * size)
+        if one_page:
+            rows = slots[one_page]
+            first = (np.asarray(full, dtype=np.int64)[one_page] - 1) * size
+            pages: list[list[int]] = arrays.tokens.gather(rows[:, None], first[:, None] + np.arange(size)).tolist()
+            for i, tokens in zip(one_page, pages, strict=True):  # extend_page_hashes, one page each
+                hashes = seqs[i].page_hashes
+                hashes.append(hash((hashes[-1] if hashes else ROOT_HASH, tuple(tokens))))
+        if extended:
+            journal.record(functools.partial(self._truncate_hashes, extended))
+        registrations = kv.register_many(slots, [seq.page_hashes for seq in seqs], due)
+        journal.record(functools.partial(kv.unregister_many, registrations))
 
     @staticmethod
-    def _truncate_hashes(seq: SequenceState, length: int) -> None:
-        del seq.page_hashes[length:]
+    def _truncate_hashes(extended: list[tuple[SequenceState, int]]) -> None:
+        for seq, length in extended:
+            del seq.page_hashes[length:]
 
     def _readmit(self, seq: SequenceState, status: RequestStatus) -> None:
         """Undo an admission's removal from the waiting queue: same key, same place."""
@@ -886,10 +1123,23 @@ class Scheduler:
         arrays = self._arrays
         if not len(slots) or np.count_nonzero(arrays.has_ids[slots]) < len(slots):
             return None
-        if len(slots) == int(num_new.sum()) and np.array_equal(start, known - 1):
+        total = int(num_new.sum())
+        if len(slots) == total and np.array_equal(start, known - 1):
             last: Int32Array = arrays.last_token[slots]  # all decodes: each feeds its last token
             return last
-        return arrays.tokens.gather(np.repeat(slots, num_new), token_positions(start, num_new))
+        longer = np.flatnonzero(num_new > 1)
+        if len(longer) > 16:  # many multi-token slices: one gather of every position
+            return arrays.tokens.gather(np.repeat(slots, num_new), token_positions(start, num_new))
+        # Few chunks (the usual mixed step): single tokens in one gather, each chunk one row slice.
+        ids = np.empty(total, dtype=np.int32)
+        first = np.cumsum(num_new) - num_new
+        single = num_new == 1
+        ids[first[single]] = arrays.tokens.gather(slots[single], start[single])
+        rows = arrays.tokens.ids
+        for i in longer.tolist():
+            begin, length = int(start[i]), int(num_new[i])
+            ids[first[i] : first[i] + length] = rows[slots[i], begin : begin + length]
+        return ids
 
     def _record_tokens(self, plan: StepPlan, result: StepResult) -> tuple[NDArray[np.bool_], list[FinishReason]]:
         """Record sampled tokens; return which slices finish, and why, in slice order."""

@@ -31,6 +31,9 @@ class SequenceState:
     transfer); lost, and recomputed locally, if the request is preempted."""
     hold_kv: bool = False
     """Keep its KV pages held when it finishes, until released (a disaggregated prefill)."""
+    prompt_ids: Any = None
+    """The prompt's token ids as a read-only int32 array, made once when it is queued (``None``
+    for a length-only request): loading it into the token buffer at each admission is a copy."""
     page_hashes: list[int] = attrs.Factory(list)
     """Content hashes of its full pages known so far (prefix caching only): the prompt's from
     the start, generated ones as their pages fill."""

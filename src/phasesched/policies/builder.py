@@ -95,6 +95,7 @@ class BatchBuilder:
         self._tokens: list[Int64Array] = []
         self._preempted: list[int] = []
         self._admitted: list[tuple[WaitingCandidate, int]] = []
+        self._running_batch: tuple[Int64Array, Int64Array] | None = None  # (num_new, kv_len) of _slots, cached
         running = view.running
         computed = view.num_computed[running]
         remaining = view.num_tokens[running] - computed  # in running order
@@ -303,16 +304,18 @@ class BatchBuilder:
             return
         self._slots.append(slots)
         self._tokens.append(num_new)
+        self._running_batch = None
         self._taken[slots] = True
         self._any_taken = True
         self.tokens_left -= tokens
         self.pages_left -= total_pages
-        if self._partial:
-            for slot, n, p in zip(slots.tolist(), num_new.tolist(), pages.tolist(), strict=True):
-                if slot in self._partial:
-                    self._reserve[slot] -= p
-                    if n >= self._partial[slot]:
-                        del self._partial[slot], self._reserve[slot]
+        partial = [key for key in self._partial if isinstance(key, int)]  # few: ongoing prefills, by slot
+        for slot in partial:
+            hit = np.flatnonzero(slots == slot)
+            if len(hit):
+                self._reserve[slot] -= int(pages[hit[0]])
+                if int(num_new[hit[0]]) >= self._partial[slot]:
+                    del self._partial[slot], self._reserve[slot]
 
     def _unschedule(self, slot: int) -> None:
         for i, (slots, tokens) in enumerate(zip(self._slots, self._tokens, strict=True)):
@@ -322,6 +325,7 @@ class BatchBuilder:
                 self.tokens_left += int(num_new[0])
                 self.pages_left += int(self.view.pages_to_grow(slots[hit[:1]], num_new)[0])
                 self._slots[i], self._tokens[i] = np.delete(slots, hit[0]), np.delete(tokens, hit[0])
+                self._running_batch = None
                 return
 
     def _preemptible(self) -> Int32Array:
@@ -422,11 +426,22 @@ class BatchBuilder:
 
     def _batch_num_new(self) -> Int64Array:
         admitted = np.array([n for _, n in self._admitted], dtype=np.int64)
-        return np.concatenate([*self._tokens, admitted])
+        return np.concatenate([self._running_part()[0], admitted])
 
     def _batch_kv_len(self) -> Int64Array:
-        running = [
-            self.view.num_computed[s].astype(np.int64) + t for s, t in zip(self._slots, self._tokens, strict=True)
-        ]
         admitted = np.array([c.num_computed + n for c, n in self._admitted], dtype=np.int64)
-        return np.concatenate([*running, admitted])
+        return np.concatenate([self._running_part()[1], admitted])
+
+    def _running_part(self) -> tuple[Int64Array, Int64Array]:
+        """Tokens and KV lengths of the running requests added so far, kept until the next addition."""
+        if self._running_batch is None:
+            computed = self.view.num_computed
+            num_new = np.concatenate([np.empty(0, np.int64), *self._tokens])
+            kv_len = np.concatenate(
+                [
+                    np.empty(0, np.int64),
+                    *(computed[s].astype(np.int64) + t for s, t in zip(self._slots, self._tokens, strict=True)),
+                ]
+            )
+            self._running_batch = (num_new, kv_len)
+        return self._running_batch
