@@ -13,6 +13,7 @@ executor could not run is given back with ``abandon(plan)``.
 from __future__ import annotations
 
 import functools
+import itertools
 from collections.abc import Iterator
 
 import attrs
@@ -34,9 +35,10 @@ from phasesched.journal import Journal
 from phasesched.kv import HeldKV, PagedKVManager
 from phasesched.plan import StepPlan, build_step_plan, token_positions
 from phasesched.policies.builder import BatchBuilder, checked_chunk
-from phasesched.policies.chunking import ChunkContext, PrefillCandidate
+from phasesched.policies.chunking import BUILTIN_CHUNKERS, ChunkContext, NoChunking, PrefillCandidate
 from phasesched.policies.policy import SchedulingPolicy
-from phasesched.policies.priority import EVERY_DECODE_PRIORITIES
+from phasesched.policies.preemption import PreemptionPolicy
+from phasesched.policies.priority import EVERY_DECODE_PRIORITIES, EqualProgress, PrefillFirst
 from phasesched.policies.queue_order import CacheAwareOrder
 from phasesched.prefix import block_page_hashes, extend_page_hashes
 from phasesched.request import FinishReason, Request, RequestStatus
@@ -171,6 +173,14 @@ class Scheduler:
         # Steady all-decode steps are built without asking the policy, for the built-in phase
         # priorities that are known (and property-tested) to schedule every decode then.
         self._steady_fast_path = type(self.policy.priority) in EVERY_DECODE_PRIORITIES
+        # ... also while requests wait, when the step is sure to admit none (_admits_nobody).
+        self._may_block_admissions = (
+            self._steady_fast_path
+            and type(self.policy.chunker) in BUILTIN_CHUNKERS
+            and type(self.policy.preemption) is PreemptionPolicy
+            and not self.policy.preemption.preempt_for_waiting
+            and not isinstance(self.policy.queue_order, CacheAwareOrder)
+        )
         order = self.policy.queue_order
         self._rerank = order if isinstance(order, CacheAwareOrder) else None  # checked once: a Protocol check is slow
         self._holds: dict[str, tuple[int, HeldKV]] = {}  # P/D: finished requests' KV, held until released
@@ -442,8 +452,9 @@ class Scheduler:
         """The next steps, if they are certain to be identical pure-decode steps (the simulation fast path).
 
         A simulator uses this to advance many steps in one vectorized computation. It applies
-        when the next step is steady (no plan in flight, nothing waiting, every running request
-        decoding one token within the budget and KV, under one of the built-in phase priorities
+        when the next step is steady (no plan in flight, nothing waiting that could be admitted,
+        every running request decoding one token within the budget and KV, under one of the
+        built-in phase priorities
         of :data:`~phasesched.policies.priority.EVERY_DECODE_PRIORITIES`) and no running
         request's tokens matter (no token ids, EOS or stop tokens: a simulator makes them up);
         then each step until the first finish schedules exactly the same requests, one token each.
@@ -515,27 +526,67 @@ class Scheduler:
     def _steady_step(self) -> CheckedSelection | None:
         """The next step, when it is certain to be every running request decoding one token.
 
-        That holds when no plan is in flight, nothing waits, every running request decodes (one
-        generated token left to feed), the budget holds them all, KV covers the step, and the
-        phase priority is a built-in one known to schedule every decode then (the caller checks
+        That holds when no plan is in flight, nothing waits or nobody waiting can be admitted
+        (:meth:`_admits_nobody`), every running request decodes (one generated token left to
+        feed), the budget holds them all, KV covers the step, and the phase priority is a
+        built-in one known to schedule every decode then (the caller checks
         :data:`~phasesched.policies.priority.EVERY_DECODE_PRIORITIES`). Then the policy's answer
         is known without asking it, and as the selection is built here from the scheduler's own
         state there is nothing to check.
         """
         running = self._running
-        if self._in_flight is not None or len(self._waiting) or not len(running):
+        if self._in_flight is not None or not len(running):
             return None
         if len(running) > self.policy.budget.max_num_batched_tokens:
+            return None
+        if len(self._waiting) and not self._may_block_admissions:
             return None
         arrays = self._arrays
         start, known = arrays.computed[running], arrays.known[running]
         if np.count_nonzero(known - start - 1) or np.any(start < arrays.prompt_len[running]):
             return None  # a prefill is under way, if only a prompt's last token
         new_pages = self.kv.pages_to_grow(running, start + 1)
-        if int(new_pages.sum()) > self.kv.num_free_pages:
+        growth = int(new_pages.sum())
+        if growth > self.kv.num_free_pages:
             return None  # the policy would preempt: let it
+        if len(self._waiting) and not self._admits_nobody(growth):
+            return None
         selection = Selection(running, np.ones(len(running), dtype=np.int32))
         return CheckedSelection(selection, start, known, new_pages)
+
+    def _admits_nobody(self, decode_pages: int) -> bool:
+        """Whether a steady step is certain to admit no waiting request.
+
+        Only asked for the built-in phase priorities and chunk sizers, with waiting requests
+        that may not preempt and a queue order that does not re-rank by cached prefixes
+        (``_may_block_admissions``). Those priorities admit through
+        :meth:`~phasesched.policies.builder.BatchBuilder.admit`, which needs a free seat, a
+        token left and room for the request's *whole* prefill beyond the watermark; decode-first
+        and equal-progress steps take the decodes' new pages first. The decode-first and
+        prefill-first loops stop at the first request the chunk sizer starts but that finds no
+        room, and skip at most ``max_declined`` that it declines; equal progress tries at most
+        ``max_prompts``. With no prefill under way the built-in sizers start any request except
+        a whole-prompt sizer facing a prompt beyond the budget, so the queue's head usually
+        decides. Seats, tokens and pages only shrink while decodes run and nothing finishes,
+        which lets a decode run carry the answer over its steps.
+        """
+        priority, budget = self.policy.priority, self.policy.budget
+        decode_first = type(priority) is not PrefillFirst
+        seats = budget.max_num_seqs - len(self._running)
+        tokens = budget.max_num_batched_tokens - (len(self._running) if decode_first else 0)
+        if seats <= 0 or tokens <= 0:
+            return True
+        room = self.kv.num_free_pages - (decode_pages if decode_first else 0) - self.kv.watermark_pages
+        equal_progress = isinstance(priority, EqualProgress)
+        tried = priority.max_prompts if equal_progress else priority.max_declined + 1
+        whole_only = type(self.policy.chunker) is NoChunking
+        pages_for = self.kv.pages_for
+        for seq in itertools.islice(self._waiting.ordered(), tried):
+            if pages_for(seq.num_tokens) <= room:
+                return False
+            if not equal_progress and (not whole_only or seq.num_tokens <= tokens):
+                return True  # started, so it finds no room, and the loop stops there
+        return True
 
     # ------------------------------------------------------------------ introspection
     @property
