@@ -547,10 +547,8 @@ class Scheduler:
             return None  # a prefill is under way, if only a prompt's last token
         new_pages = self.kv.pages_to_grow(running, start + 1)
         growth = int(new_pages.sum())
-        if growth > self.kv.num_free_pages:
-            return None  # the policy would preempt: let it
-        if len(self._waiting) and not self._admits_nobody(growth):
-            return None
+        if growth > self.kv.num_free_pages or (len(self._waiting) and not self._admits_nobody(growth)):
+            return None  # the policy would preempt, or might admit: let it
         selection = Selection(running, np.ones(len(running), dtype=np.int32))
         return CheckedSelection(selection, start, known, new_pages)
 
