@@ -38,8 +38,8 @@ from phasesched.policies.builder import BatchBuilder, checked_chunk
 from phasesched.policies.chunking import BUILTIN_CHUNKERS, ChunkContext, NoChunking, PrefillCandidate
 from phasesched.policies.policy import SchedulingPolicy
 from phasesched.policies.preemption import PreemptionPolicy
-from phasesched.policies.priority import EVERY_DECODE_PRIORITIES, EqualProgress, PrefillFirst
-from phasesched.policies.queue_order import CacheAwareOrder
+from phasesched.policies.priority import EVERY_DECODE_PRIORITIES, DecodeFirst, EqualProgress, PrefillFirst
+from phasesched.policies.queue_order import FCFS, CacheAwareOrder
 from phasesched.prefix import block_page_hashes, extend_page_hashes
 from phasesched.request import FinishReason, Request, RequestStatus
 from phasesched.running import RunningArrays
@@ -478,7 +478,8 @@ class Scheduler:
         held = int(self.kv.page_counts[running].sum())
         steps = steps_that_fit(step.start, held, self.kv.num_free_pages, self.kv.page_size, steps)
         ids = tuple(arrays.ids[running].tolist())
-        return DecodeRun(ids, running.copy(), step.start + 1, steps, self._version)
+        later = bool(len(self._waiting)) and self._head_blocks(int(step.new_pages.sum()))
+        return DecodeRun(ids, running.copy(), step.start + 1, steps, self._version, later)
 
     def advance(self, run: DecodeRun, num_steps: int) -> tuple[FinishedRequest, ...]:
         """Take ``num_steps`` of ``run``'s steps at once: every request computes and samples ``num_steps`` tokens.
@@ -585,6 +586,23 @@ class Scheduler:
             if not equal_progress and (not whole_only or seq.num_tokens <= tokens):
                 return True  # started, so it finds no room, and the loop stops there
         return True
+
+    def _head_blocks(self, decode_pages: int) -> bool:
+        """Whether the FCFS queue's head stops every admission of a steady step (see :class:`DecodeRun`).
+
+        Decode-first and prefill-first try the head first; a built-in sizer other than the
+        whole-prompt one starts it when no prefill is under way, and with no room it ends the
+        loop, so whatever queues behind it is never looked at.
+        """
+        priority = self.policy.priority
+        if type(priority) not in (DecodeFirst, PrefillFirst) or type(self.policy.queue_order) is not FCFS:
+            return False
+        if type(self.policy.chunker) is NoChunking:
+            return False
+        decode_first = type(priority) is DecodeFirst
+        room = self.kv.num_free_pages - (decode_pages if decode_first else 0) - self.kv.watermark_pages
+        head = next(self._waiting.ordered())
+        return self.kv.pages_for(head.num_tokens) > room
 
     # ------------------------------------------------------------------ introspection
     @property
