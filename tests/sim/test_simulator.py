@@ -409,7 +409,7 @@ def queued_scenarios(draw: st.DrawFn) -> dict[str, object]:
 @given(queued_scenarios())
 @settings(deadline=None, max_examples=60, suppress_health_check=[HealthCheck.too_slow])
 def test_fast_forward_through_blocked_queues_gives_every_token_time_of_stepping(options: dict[str, object]) -> None:
-    """Decode runs beside a queue that admits nobody (passing arrivals that join it) time every token as stepping does."""
+    """Decode runs beside a queue that admits nobody (passing arrivals that join it) time tokens as stepping does."""
     fast = simulate(fast_forward=True, keep_requests=True, keep_gaps=True, **options)  # type: ignore[arg-type]
     slow = simulate(fast_forward=False, keep_requests=True, keep_gaps=True, **options)  # type: ignore[arg-type]
     assert fast.steps == slow.steps
