@@ -170,6 +170,7 @@ class Scheduler:
         self._released: list[str] = []
         self._carried_preempted: list[str] = []  # preemptions of an abandoned plan, reported by the next
         self._version = 0  # bumped by every change, so a DecodeRun can tell it is still current
+        self._unsteady_at = -1  # the version decode_run() last found unsteady: schedule() asks the policy
         # Steady all-decode steps are built without asking the policy, for the built-in phase
         # priorities that are known (and property-tested) to schedule every decode then.
         self._steady_fast_path = type(self.policy.priority) in EVERY_DECODE_PRIORITIES
@@ -299,7 +300,8 @@ class Scheduler:
         if now - now != 0:  # NaN and infinities; one subtraction on the hot path
             msg = f"now must be a finite number of seconds, got {now!r}"
             raise InvalidArgumentError(msg)
-        checked = self._steady_step() if self._steady_fast_path else None
+        steady = self._steady_fast_path and self._unsteady_at != self._version
+        checked = self._steady_step() if steady else None
         checked = checked if checked is not None else self._ask_policy(now)
         journal = Journal()
         try:
@@ -472,6 +474,7 @@ class Scheduler:
             return None
         step = self._steady_step()
         if step is None:
+            self._unsteady_at = self._version
             return None
         arrays, running = self._arrays, self._running
         steps = min(max_steps, int((arrays.max_known[running] - step.known).min()))  # up to the first finish
