@@ -580,7 +580,11 @@ class Scheduler:
             return True
         room = self.kv.num_free_pages - (decode_pages if decode_first else 0) - self.kv.watermark_pages
         equal_progress = isinstance(priority, EqualProgress)
-        tried = priority.max_prompts if equal_progress else priority.max_declined + 1
+        if isinstance(priority, EqualProgress):
+            tried = priority.max_prompts
+        else:
+            assert isinstance(priority, (DecodeFirst, PrefillFirst))  # _may_block_admissions' promise
+            tried = priority.max_declined + 1
         whole_only = type(self.policy.chunker) is NoChunking
         pages_for = self.kv.pages_for
         for seq in itertools.islice(self._waiting.ordered(), tried):
