@@ -1,115 +1,156 @@
-"""Simulation speed: simulated requests per wall second replaying the Azure conversation trace.
+"""Simulation speed: CPU time per simulated request on the workloads Vidur is compared on.
 
-The trace (19,366 requests over 58 minutes) is replayed at its own rate and at 4x, on the
-default deployment (H200 + Llama-3-8B), with and without decode fast-forward, and the table
-reports wall time, requests per wall second, simulated steps and how many were fast-forwarded,
-plus the peak traced Python memory (to show it stays flat as requests finish).
-Target: the whole trace in under 20 s.
+Every case runs on one worker of Llama-3-70B over 2 x A100-80GB (TP 2; the KV left beside the
+weights holds about 25K tokens, so queues build up and requests are preempted):
+
+- ``poisson-1k`` / ``poisson-10k``: 1,024-token prompts and 256 output tokens, Poisson at
+  1 request/s, under ``vllm``;
+- ``sarathi-1k`` / ``sarathi-10k``: the same under ``sarathi`` (512-token chunks and budget);
+- ``azure-conv``: the Azure LLM inference conversation trace (19,366 requests over 58 minutes)
+  at its own rate, under ``vllm``.
+
+The table gives CPU seconds (``time.process_time``, so other processes on the machine cost
+less than in wall time), milliseconds of CPU per simulated request, steps taken and how many
+were fast-forwarded. Target: at most 0.5 ms of CPU per request (Vidur 0.0.26 takes about 5 ms on
+the same workloads), and 1,000,000 requests (``--scale 1000000``: the Poisson workload under
+``vllm``) in under two minutes of CPU. ``--profile`` adds a cProfile summary per case: the
+functions that take the most time, their own and with what they call.
+
+Compare two versions by running this script with each on ``PYTHONPATH``, alternately::
+
+    PYTHONPATH=/path/to/old/src python benchmarks/sim_speed.py --json old.json
 
 Usage::
 
-    python benchmarks/sim_speed.py [--trace PATH] [--policy vllm] [--limit N] [--json out.json]
+    python benchmarks/sim_speed.py [--cases poisson-1k,sarathi-1k,...] [--trace PATH] [--profile]
+        [--top 15] [--scale N] [--json out.json]
 """
 
 from __future__ import annotations
 
 import argparse
+import cProfile
+import io
 import json
+import pstats
 import sys
 import time
-import tracemalloc
+from collections.abc import Callable
 from pathlib import Path
 
 from phasesched import load_policy
-from phasesched.sim import Poisson, Uniform, load_trace, simulate, synthetic
+from phasesched.sim import Deployment, Poisson, Workload, load_trace, simulate, synthetic
 
 REPO = Path(__file__).resolve().parents[1]
-DEFAULT_TRACE = REPO / "data" / "traces" / "AzureLLMInferenceTrace_conv.csv"
+TRACE_CANDIDATES = (
+    REPO / "data" / "traces" / "AzureLLMInferenceTrace_conv.csv",
+    REPO.parent / "shared" / "traces" / "AzureLLMInferenceTrace_conv.csv",
+    Path("/work/shared/traces/AzureLLMInferenceTrace_conv.csv"),
+)
+DEPLOYMENT = Deployment(hardware="A100-80GB", model="llama-3-70b", tensor_parallel=2)
 
 
-def run_case(
-    trace_path: Path, policy: str, speedup: float, limit: int | None, *, fast_forward: bool, trace_memory: bool
-) -> dict[str, object]:
-    workload = load_trace(trace_path)
-    if limit:
-        workload = workload.head(limit)
-    if speedup != 1.0:
-        workload = workload.time_scaled(1.0 / speedup)
-    if trace_memory:
-        tracemalloc.start()
-    started = time.perf_counter()
-    result = simulate(workload, load_policy(policy), fast_forward=fast_forward)
-    wall = time.perf_counter() - started
-    peak = tracemalloc.get_traced_memory()[1] if trace_memory else None
-    if trace_memory:
-        tracemalloc.stop()
-    return {
+def poisson(n: int) -> Callable[[Path | None], Workload]:
+    """``n`` requests of 1,024 prompt and 256 output tokens, Poisson at 1 request/s."""
+    return lambda _: synthetic(n, Poisson(1.0), 1024, 256, seed=0, name=f"poisson-{n}")
+
+
+def azure(trace: Path | None) -> Workload:
+    """The Azure conversation trace at its own rate."""
+    if trace is None:
+        msg = "the Azure conversation trace was not found: pass --trace"
+        raise SystemExit(msg)
+    return load_trace(trace)
+
+
+CASES: dict[str, tuple[str, Callable[[Path | None], Workload]]] = {
+    "poisson-1k": ("vllm", poisson(1_000)),
+    "poisson-10k": ("vllm", poisson(10_000)),
+    "sarathi-1k": ("sarathi", poisson(1_000)),
+    "sarathi-10k": ("sarathi", poisson(10_000)),
+    "azure-conv": ("vllm", azure),
+}
+
+
+def run_case(name: str, policy: str, workload: Workload, *, profile: bool, top: int) -> dict[str, object]:
+    """Simulate ``workload`` once; CPU and wall time, steps, and a profile summary if asked."""
+    profiler = cProfile.Profile() if profile else None
+    cpu, wall = time.process_time(), time.perf_counter()
+    if profiler is not None:
+        profiler.enable()
+    result = simulate(workload, load_policy(policy), DEPLOYMENT)
+    if profiler is not None:
+        profiler.disable()
+    cpu, wall = time.process_time() - cpu, time.perf_counter() - wall
+    row: dict[str, object] = {
+        "case": name,
         "policy": policy,
-        "rate": f"{speedup:g}x",
-        "fast_forward": fast_forward,
         "requests": len(workload),
+        "cpu_s": cpu,
         "wall_s": wall,
-        "requests_per_wall_s": len(workload) / wall,
+        "cpu_ms_per_request": 1000.0 * cpu / len(workload),
         "steps": result.steps,
         "fast_forwarded_steps": result.fast_forwarded_steps,
-        "peak_traced_mb": None if peak is None else peak / 2**20,
-        "simulated_s": result.metrics["duration"],
+        "completed": result.metrics["completed"],
         "median_ttft_ms": result.metrics["median_ttft_ms"],
         "p99_itl_ms": result.metrics["p99_itl_ms"],
+        "profiled": profile,
     }
+    if profiler is not None:
+        row["profile"] = {order: _top(profiler, order, top) for order in ("tottime", "cumulative")}
+    return row
 
 
-def memory_case(num_requests: int, policy: str) -> dict[str, object]:
-    """Peak traced memory while simulating ``num_requests`` short requests: flat if nothing is kept per request."""
-    workload = synthetic(num_requests, Poisson(100.0), Uniform(32, 512), Uniform(8, 64), seed=0)
-    tracemalloc.start()
-    started = time.perf_counter()
-    result = simulate(workload, load_policy(policy))
-    wall = time.perf_counter() - started
-    peak = tracemalloc.get_traced_memory()[1] / 2**20
-    tracemalloc.stop()
-    return {"requests": num_requests, "wall_s": wall, "peak_traced_mb": peak, "completed": result.metrics["completed"]}
+def _top(profiler: cProfile.Profile, order: str, top: int) -> str:
+    out = io.StringIO()
+    stats = pstats.Stats(profiler, stream=out)
+    stats.strip_dirs().sort_stats(order).print_stats(top)
+    lines = out.getvalue().splitlines()
+    start = next((i for i, line in enumerate(lines) if line.lstrip().startswith("ncalls")), 0)
+    return "\n".join(lines[start:]).rstrip()
 
 
 def print_table(rows: list[dict[str, object]]) -> None:
     header = (
-        f"{'policy':<9}{'rate':>5}{'ff':>4}{'requests':>10}{'wall s':>9}{'req/s':>9}{'steps':>10}"
-        f"{'ff steps':>10}{'peak MB':>9}{'TTFT p50':>10}{'ITL p99':>9}"
+        f"{'case':<16}{'policy':<9}{'requests':>10}{'CPU s':>9}{'ms/req':>8}{'wall s':>9}"
+        f"{'steps':>10}{'ff steps':>10}{'TTFT p50 s':>11}{'ITL p99 ms':>11}"
     )
+    print(DEPLOYMENT.describe())
     print(header)
     print("-" * len(header))
     for r in rows:
-        peak = "-" if r["peak_traced_mb"] is None else f"{r['peak_traced_mb']:.1f}"
+        flag = " (profiled)" if r["profiled"] else ""
         print(
-            f"{r['policy']:<9}{r['rate']:>5}{'on' if r['fast_forward'] else 'off':>4}{r['requests']:>10}"
-            f"{r['wall_s']:>9.2f}{r['requests_per_wall_s']:>9.0f}{r['steps']:>10}{r['fast_forwarded_steps']:>10}"
-            f"{peak:>9}{r['median_ttft_ms']:>10.1f}{r['p99_itl_ms']:>9.1f}"
+            f"{r['case']:<16}{r['policy']:<9}{r['requests']:>10,}{r['cpu_s']:>9.2f}{r['cpu_ms_per_request']:>8.3f}"
+            f"{r['wall_s']:>9.2f}{r['steps']:>10,}{r['fast_forwarded_steps']:>10,}"
+            f"{r['median_ttft_ms'] / 1000:>11.1f}{r['p99_itl_ms']:>11.1f}{flag}"
         )
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--trace", type=Path, default=DEFAULT_TRACE, help="an Azure-format or generic trace")
-    parser.add_argument("--policy", default="vllm")
-    parser.add_argument("--limit", type=int, help="replay only the first N requests")
-    parser.add_argument("--no-step-by-step", action="store_true", help="skip the runs without fast-forward")
-    parser.add_argument("--memory", action="store_true", help="trace Python memory (slows the runs down)")
-    parser.add_argument(
-        "--memory-sweep", help="comma-separated request counts: peak memory per count, e.g. 10000,100000"
-    )
+    parser.add_argument("--cases", default=",".join(CASES), help=f"comma-separated, of: {', '.join(CASES)}")
+    parser.add_argument("--trace", type=Path, help="the Azure conversation trace (found by default if staged)")
+    parser.add_argument("--profile", action="store_true", help="print where the time goes (slows the runs)")
+    parser.add_argument("--top", type=int, default=15, help="functions per profile listing")
+    parser.add_argument("--scale", type=int, help="also simulate N Poisson requests under vllm (e.g. 1000000)")
     parser.add_argument("--json", type=Path, help="also write the rows as JSON")
     args = parser.parse_args(argv)
-    if args.memory_sweep:
-        sweep = [memory_case(int(n), args.policy) for n in args.memory_sweep.split(",")]
-        for row in sweep:
-            peak, wall = row["peak_traced_mb"], row["wall_s"]
-            print(f"{row['requests']:>8} requests: peak traced memory {peak:.1f} MB, {wall:.1f} s")
-        return 0
+    trace = args.trace or next((p for p in TRACE_CANDIDATES if p.exists()), None)
+    names = [n for n in args.cases.split(",") if n]
+    unknown = [n for n in names if n not in CASES]
+    if unknown:
+        parser.error(f"unknown cases: {', '.join(unknown)}")
+    jobs = [(n, *CASES[n]) for n in names]
+    if args.scale:
+        jobs.append((f"poisson-{args.scale}", "vllm", poisson(args.scale)))
     rows = []
-    for speedup in (1.0, 4.0):
-        rows.append(run_case(args.trace, args.policy, speedup, args.limit, fast_forward=True, trace_memory=args.memory))
-        if not args.no_step_by_step:
-            rows.append(run_case(args.trace, args.policy, speedup, args.limit, fast_forward=False, trace_memory=False))
+    for name, policy, make in jobs:
+        rows.append(run_case(name, policy, make(trace), profile=args.profile, top=args.top))
+        if args.profile:
+            for order, text in rows[-1]["profile"].items():  # type: ignore[union-attr]
+                print(f"\n== {name}: top functions by {order}\n{text}")
+    print()
     print_table(rows)
     if args.json:
         args.json.write_text(json.dumps({"python": sys.version, "rows": rows}, indent=2), encoding="utf-8")

@@ -31,6 +31,10 @@ class DecodeRun:
         kv_len: int32 ``[B]``: each one's context after the *first* of the steps.
         max_steps: Steps that can be taken at once without running out of KV pages; the last
             of them may finish requests (the first finish ends the run).
+        ignores_later_arrivals: Requests queued while the run lasts cannot change its steps,
+            provided they arrive no earlier than every waiting request: the queue is first come,
+            first served and its head, which the policy starts but finds no room for, stops
+            every admission until something finishes.
     """
 
     request_ids: tuple[str, ...]
@@ -38,6 +42,7 @@ class DecodeRun:
     kv_len: Int32Array
     max_steps: int
     _version: int = attrs.field(repr=False)
+    ignores_later_arrivals: bool = False
 
 
 def steps_that_fit(computed: Int32Array, held_pages: int, free_pages: int, page_size: int, steps: int) -> int:

@@ -13,6 +13,7 @@ executor could not run is given back with ``abandon(plan)``.
 from __future__ import annotations
 
 import functools
+import itertools
 from collections.abc import Iterator
 
 import attrs
@@ -34,10 +35,18 @@ from phasesched.journal import Journal
 from phasesched.kv import Claim, HeldKV, PagedKVManager
 from phasesched.plan import StepPlan, build_step_plan, token_positions
 from phasesched.policies.builder import BatchBuilder, checked_chunk
-from phasesched.policies.chunking import ChunkContext, FixedChunk, LongPrefillThreshold, NoChunking, PrefillCandidate
+from phasesched.policies.chunking import (
+    BUILTIN_CHUNKERS,
+    ChunkContext,
+    FixedChunk,
+    LongPrefillThreshold,
+    NoChunking,
+    PrefillCandidate,
+)
 from phasesched.policies.policy import SchedulingPolicy
-from phasesched.policies.priority import EVERY_DECODE_PRIORITIES
-from phasesched.policies.queue_order import CacheAwareOrder
+from phasesched.policies.preemption import PreemptionPolicy
+from phasesched.policies.priority import EVERY_DECODE_PRIORITIES, DecodeFirst, EqualProgress, PrefillFirst
+from phasesched.policies.queue_order import FCFS, CacheAwareOrder
 from phasesched.prefix import ROOT_HASH, block_page_hashes, extend_page_hashes
 from phasesched.request import FinishReason, Request, RequestStatus
 from phasesched.running import RunningArrays
@@ -236,6 +245,7 @@ class Scheduler:
         self._released: list[str] = []
         self._carried_preempted: list[str] = []  # preemptions of an abandoned plan, reported by the next
         self._version = 0  # bumped by every change, so a DecodeRun can tell it is still current
+        self._unsteady_at = -1  # the version decode_run() last found unsteady: schedule() asks the policy
         # Steady all-decode steps are built without asking the policy, for the built-in phase
         # priorities that are known (and property-tested) to schedule every decode then.
         self._steady_fast_path = type(self.policy.priority) in EVERY_DECODE_PRIORITIES
@@ -248,6 +258,14 @@ class Scheduler:
             FixedChunk,
             LongPrefillThreshold,
         }
+        # ... also while requests wait, when the step is sure to admit none (_admits_nobody).
+        self._may_block_admissions = (
+            self._steady_fast_path
+            and type(self.policy.chunker) in BUILTIN_CHUNKERS
+            and type(self.policy.preemption) is PreemptionPolicy
+            and not self.policy.preemption.preempt_for_waiting
+            and not isinstance(self.policy.queue_order, CacheAwareOrder)
+        )
         order = self.policy.queue_order
         self._rerank = order if isinstance(order, CacheAwareOrder) else None  # checked once: a Protocol check is slow
         self._holds: dict[str, tuple[int, HeldKV]] = {}  # P/D: finished requests' KV, held until released
@@ -385,7 +403,8 @@ class Scheduler:
             raise InvalidArgumentError(msg)
         journal = Journal()
         try:
-            plan = self._steady_plan(journal) if self._steady_fast_path else None
+            steady_ok = self._steady_fast_path and self._unsteady_at != self._version  # decode_run just said no
+            plan = self._steady_plan(journal) if steady_ok else None
             if plan is None:
                 plan = self._commit(self._ask_policy(now), journal)
         except BaseException:
@@ -400,14 +419,14 @@ class Scheduler:
         return plan
 
     def _steady_plan(self, journal: Journal) -> StepPlan | None:
-        """The next step built from the steady batch, when every running request decodes and nothing waits.
+        """The next step built from the steady batch, when every running request decodes and nobody waiting can start.
 
         The batch's frozen arrays are shared with its previous plans; only context lengths,
         last-page lengths and input ids are computed, and the KV pages gathered again only when
         a slice starts a fresh page. Gives exactly the plan :meth:`_commit` would build for
         :meth:`_steady_step`'s selection (``tests/test_steady_fast_path.py`` holds them together).
         """
-        if len(self._waiting) and not self._waiting_unseated():
+        if len(self._waiting) and not (self._waiting_unseated() or self._may_block_admissions):
             return None
         steady = self._steady
         if steady is None or steady.version != self._version or steady.running is not self._running:
@@ -670,8 +689,9 @@ class Scheduler:
         """The next steps, if they are certain to be identical pure-decode steps (the simulation fast path).
 
         A simulator uses this to advance many steps in one vectorized computation. It applies
-        when the next step is steady (no plan in flight, nothing waiting, every running request
-        decoding one token within the budget and KV, under one of the built-in phase priorities
+        when the next step is steady (no plan in flight, nothing waiting that could be admitted,
+        every running request decoding one token within the budget and KV, under one of the
+        built-in phase priorities
         of :data:`~phasesched.policies.priority.EVERY_DECODE_PRIORITIES`) and no running
         request's tokens matter (no token ids, EOS or stop tokens: a simulator makes them up);
         then each step until the first finish schedules exactly the same requests, one token each.
@@ -689,13 +709,15 @@ class Scheduler:
             return None
         step = self._steady_step()
         if step is None:
+            self._unsteady_at = self._version
             return None
         arrays, running = self._arrays, self._running
         steps = min(max_steps, int((arrays.max_known[running] - step.known).min()))  # up to the first finish
         held = int(self.kv.page_counts[running].sum())
         steps = steps_that_fit(step.start, held, self.kv.num_free_pages, self.kv.page_size, steps)
         ids = tuple(arrays.ids[running].tolist())
-        return DecodeRun(ids, running.copy(), step.start + 1, steps, self._version)
+        later = bool(len(self._waiting)) and self._head_blocks(int(step.new_pages.sum()))
+        return DecodeRun(ids, running.copy(), step.start + 1, steps, self._version, later)
 
     def advance(self, run: DecodeRun, num_steps: int) -> tuple[FinishedRequest, ...]:
         """Take ``num_steps`` of ``run``'s steps at once: every request computes and samples ``num_steps`` tokens.
@@ -747,9 +769,10 @@ class Scheduler:
     def _steady_step(self, *, unseated_waiting: bool = False) -> CheckedSelection | None:
         """The next step, when it is certain to be every running request decoding one token.
 
-        That holds when no plan is in flight, nothing waits, every running request decodes (one
-        generated token left to feed), the budget holds them all, KV covers the step, and the
-        phase priority is a built-in one known to schedule every decode then (the caller checks
+        That holds when no plan is in flight, nothing waits or nobody waiting can be admitted
+        (:meth:`_admits_nobody`), every running request decodes (one generated token left to
+        feed), the budget holds them all, KV covers the step, and the phase priority is a
+        built-in one known to schedule every decode then (the caller checks
         :data:`~phasesched.policies.priority.EVERY_DECODE_PRIORITIES`). Then the policy's answer
         is known without asking it, and as the selection is built here from the scheduler's own
         state there is nothing to check. With ``unseated_waiting``, requests may wait while no
@@ -759,7 +782,8 @@ class Scheduler:
         running = self._running
         if self._in_flight is not None or not len(running):
             return None
-        if len(self._waiting) and not (unseated_waiting and self._waiting_unseated()):
+        unseated = unseated_waiting and self._waiting_unseated()
+        if len(self._waiting) and not (unseated or self._may_block_admissions):
             return None
         if len(running) > self.policy.budget.max_num_batched_tokens:
             return None
@@ -768,10 +792,67 @@ class Scheduler:
         if np.count_nonzero(known - start - 1) or np.any(start < arrays.prompt_len[running]):
             return None  # a prefill is under way, if only a prompt's last token
         new_pages = self.kv.pages_to_grow(running, start + 1)
-        if int(new_pages.sum()) > self.kv.num_free_pages:
-            return None  # the policy would preempt: let it
+        growth = int(new_pages.sum())
+        blocked = not len(self._waiting) or unseated or self._admits_nobody(growth)
+        if growth > self.kv.num_free_pages or not blocked:
+            return None  # the policy would preempt, or might admit: let it
         selection = Selection(running, np.ones(len(running), dtype=np.int32))
         return CheckedSelection(selection, start, known, new_pages)
+
+    def _admits_nobody(self, decode_pages: int) -> bool:
+        """Whether a steady step is certain to admit no waiting request.
+
+        Only asked for the built-in phase priorities and chunk sizers, with waiting requests
+        that may not preempt and a queue order that does not re-rank by cached prefixes
+        (``_may_block_admissions``). Those priorities admit through
+        :meth:`~phasesched.policies.builder.BatchBuilder.admit`, which needs a free seat, a
+        token left and room for the request's *whole* prefill beyond the watermark; decode-first
+        and equal-progress steps take the decodes' new pages first. The decode-first and
+        prefill-first loops stop at the first request the chunk sizer starts but that finds no
+        room, and skip at most ``max_declined`` that it declines; equal progress tries at most
+        ``max_prompts``. With no prefill under way the built-in sizers start any request except
+        a whole-prompt sizer facing a prompt beyond the budget, so the queue's head usually
+        decides. Seats, tokens and pages only shrink while decodes run and nothing finishes,
+        which lets a decode run carry the answer over its steps.
+        """
+        priority, budget = self.policy.priority, self.policy.budget
+        decode_first = type(priority) is not PrefillFirst
+        seats = budget.max_num_seqs - len(self._running)
+        tokens = budget.max_num_batched_tokens - (len(self._running) if decode_first else 0)
+        if seats <= 0 or tokens <= 0:
+            return True
+        room = self.kv.num_free_pages - (decode_pages if decode_first else 0) - self.kv.watermark_pages
+        equal_progress = isinstance(priority, EqualProgress)
+        if isinstance(priority, EqualProgress):
+            tried = priority.max_prompts
+        else:
+            assert isinstance(priority, (DecodeFirst, PrefillFirst))  # _may_block_admissions' promise
+            tried = priority.max_declined + 1
+        whole_only = type(self.policy.chunker) is NoChunking
+        pages_for = self.kv.pages_for
+        for seq in itertools.islice(self._waiting.ordered(), tried):
+            if pages_for(seq.num_tokens) <= room:
+                return False
+            if not equal_progress and (not whole_only or seq.num_tokens <= tokens):
+                return True  # started, so it finds no room, and the loop stops there
+        return True
+
+    def _head_blocks(self, decode_pages: int) -> bool:
+        """Whether the FCFS queue's head stops every admission of a steady step (see :class:`DecodeRun`).
+
+        Decode-first and prefill-first try the head first; a built-in sizer other than the
+        whole-prompt one starts it when no prefill is under way, and with no room it ends the
+        loop, so whatever queues behind it is never looked at.
+        """
+        priority = self.policy.priority
+        if type(priority) not in (DecodeFirst, PrefillFirst) or type(self.policy.queue_order) is not FCFS:
+            return False
+        if type(self.policy.chunker) is NoChunking:
+            return False
+        decode_first = type(priority) is DecodeFirst
+        room = self.kv.num_free_pages - (decode_pages if decode_first else 0) - self.kv.watermark_pages
+        head = next(self._waiting.ordered())
+        return self.kv.pages_for(head.num_tokens) > room
 
     # ------------------------------------------------------------------ introspection
     @property

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 
+import attrs
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -12,6 +13,7 @@ from hypothesis import strategies as st
 from phasesched import PolicyOptions, load_policy
 from phasesched.costmodel import RooflineCostModel
 from phasesched.metrics import RequestRecord
+from phasesched.policies.queue_order import ShortestRemainingPrefill
 from phasesched.sim import (
     ClosedLoop,
     Deployment,
@@ -19,12 +21,14 @@ from phasesched.sim import (
     Gamma,
     KVLink,
     Poisson,
+    SharedPrefixes,
     SimResult,
     Simulator,
     Uniform,
     Workload,
     fixed,
     mixed_load,
+    shared_prefix,
     simulate,
     synthetic,
 )
@@ -319,7 +323,16 @@ def scenarios(draw: st.DrawFn) -> dict[str, object]:
     prompts, outputs = Uniform(1, draw(st.sampled_from([64, 2000, 9000]))), Uniform(1, draw(st.sampled_from([3, 80])))
     seed = draw(st.integers(0, 1000))
     workload: Workload | ClosedLoop
-    if draw(st.booleans()):
+    if draw(st.integers(0, 3)) == 0:  # shared system prompts: the prefix cache claims and evicts pages
+        sharing = SharedPrefixes(
+            system_prompt=draw(st.sampled_from([64, 1024])),
+            num_system_prompts=draw(st.integers(1, 3)),
+            turns=draw(st.integers(1, 3)),
+            think_s=draw(st.sampled_from([0.0, 0.5])),
+        )
+        rate = draw(st.sampled_from([2.0, 20.0, 200.0]))
+        workload = shared_prefix(n, Poisson(rate), prompts, outputs, sharing, seed=seed)
+    elif draw(st.booleans()):
         think = draw(st.sampled_from([0.0, 0.01]))
         workload = ClosedLoop(draw(st.integers(1, 5)), n, prompt=prompts, output=outputs, seed=seed, think_time_s=think)
     else:
@@ -348,8 +361,14 @@ def scenarios(draw: st.DrawFn) -> dict[str, object]:
 @settings(deadline=None, max_examples=40, suppress_health_check=[HealthCheck.too_slow])
 def test_fast_forward_gives_the_metrics_of_stepping(options: dict[str, object]) -> None:
     """Advancing runs of decode steps at once gives the same results as stepping one by one."""
-    fast = simulate(fast_forward=True, keep_requests=True, **options).metrics  # type: ignore[arg-type]
-    slow = simulate(fast_forward=False, keep_requests=True, **options).metrics  # type: ignore[arg-type]
+    fast = simulate(fast_forward=True, keep_requests=True, keep_gaps=True, **options).metrics  # type: ignore[arg-type]
+    slow = simulate(fast_forward=False, keep_requests=True, keep_gaps=True, **options).metrics  # type: ignore[arg-type]
+    # Every token's time: the gaps with their end times, recorded in bulk or step by step.
+    assert fast.gaps is not None
+    assert slow.gaps is not None
+    fast_gaps = sorted(zip(fast.gaps.end_s.tolist(), fast.gaps.gap_s.tolist(), strict=True))
+    slow_gaps = sorted(zip(slow.gaps.end_s.tolist(), slow.gaps.gap_s.tolist(), strict=True))
+    assert fast_gaps == slow_gaps
     for key, value in slow.values.items():
         other = fast.values[key]
         if isinstance(value, float) and math.isnan(value):
@@ -366,3 +385,40 @@ def test_fast_forward_gives_the_metrics_of_stepping(options: dict[str, object]) 
         assert (record.ttft_s, record.e2el_s, record.output_len) == (twin.ttft_s, twin.e2el_s, twin.output_len)
         for phase, seconds in record.budget.as_dict().items():
             assert seconds == pytest.approx(twin.budget.as_dict()[phase], rel=1e-9, abs=1e-12), phase
+
+
+@st.composite
+def queued_scenarios(draw: st.DrawFn) -> dict[str, object]:
+    """One worker whose KV holds a few requests while many wait: blocked queues, arrivals mid-run, preemptions."""
+    n = draw(st.sampled_from([12, 40]))
+    prompts = Uniform(1, draw(st.sampled_from([300, 1500])))
+    outputs = Uniform(1, draw(st.sampled_from([40, 200])))
+    workload = synthetic(
+        n, Poisson(draw(st.sampled_from([5.0, 50.0]))), prompts, outputs, seed=draw(st.integers(0, 1000))
+    )
+    name = draw(st.sampled_from(["vllm", "sarathi", "sglang", "orca", "trtllm-equal-progress", "vllm-priority"]))
+    policy = load_policy(name, PolicyOptions(max_model_len=4096, chunk_size=draw(st.sampled_from([None, 64]))))
+    if draw(st.booleans()):  # newcomers may overtake the queue's head
+        policy = attrs.evolve(policy, queue_order=ShortestRemainingPrefill(aging_tokens_per_s=1.0))
+    deployment = Deployment(
+        num_pages=draw(st.integers(110, 400)), max_model_len=4096, watermark=draw(st.sampled_from([0.0, 0.05]))
+    )
+    return {"workload": workload, "policy": policy, "deployment": deployment}
+
+
+@given(queued_scenarios())
+@settings(deadline=None, max_examples=60, suppress_health_check=[HealthCheck.too_slow])
+def test_fast_forward_through_blocked_queues_gives_every_token_time_of_stepping(options: dict[str, object]) -> None:
+    """Decode runs beside a queue that admits nobody (passing arrivals that join it) time tokens as stepping does."""
+    fast = simulate(fast_forward=True, keep_requests=True, keep_gaps=True, **options)  # type: ignore[arg-type]
+    slow = simulate(fast_forward=False, keep_requests=True, keep_gaps=True, **options)  # type: ignore[arg-type]
+    assert fast.steps == slow.steps
+    assert fast.metrics.gaps is not None
+    assert slow.metrics.gaps is not None
+    fast_gaps = sorted(zip(fast.metrics.gaps.end_s.tolist(), fast.metrics.gaps.gap_s.tolist(), strict=True))
+    slow_gaps = sorted(zip(slow.metrics.gaps.end_s.tolist(), slow.metrics.gaps.gap_s.tolist(), strict=True))
+    assert fast_gaps == slow_gaps
+    assert fast.metrics.requests is not None
+    assert slow.metrics.requests is not None
+    timelines = {r.request_id: (r.ttft_s, r.e2el_s, r.output_len) for r in slow.metrics.requests}
+    assert {r.request_id: (r.ttft_s, r.e2el_s, r.output_len) for r in fast.metrics.requests} == timelines

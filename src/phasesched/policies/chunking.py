@@ -19,6 +19,7 @@ from phasesched.request import Request
 from phasesched.validators import number, whole
 
 __all__ = [
+    "BUILTIN_CHUNKERS",
     "ChunkContext",
     "ChunkSizer",
     "FixedChunk",
@@ -177,3 +178,9 @@ class SLOAdaptiveChunk:
         num_new = np.append(context.batch_num_new, size)
         kv_len = np.append(context.batch_kv_len, candidate.num_computed + size)
         return self.cost_model.step_time(num_new, kv_len) <= self.tbt_target_s
+
+
+BUILTIN_CHUNKERS: frozenset[type] = frozenset({NoChunking, FixedChunk, LongPrefillThreshold, SLOAdaptiveChunk})
+"""The chunk sizers that answer without side effects, so a step may be built without asking them
+when no answer they could give changes it (the scheduler's steady path with a blocked queue).
+A plugin's, or a subclass of one of these, is asked whenever a policy would ask it."""

@@ -227,6 +227,9 @@ class Simulator:
         """Per request between prefill and decode admission: the prefill worker holding its KV."""
         self._unheld: dict[int, _Worker] = {}
         """Prefill workers whose held KV was let go since they last had the chance to start a step."""
+        self._arrivals_queue_behind = self.closed_loop is None and self.link is None and len(self.workers) == 1
+        """Every arrival lands on the one worker, later than anything it has queued (an open loop
+        arrives in time order), so a run whose queue admits nobody arriving later may pass arrivals."""
         self._issued = 0
         self._first_arrival: float | None = None
         self._last_finish = 0.0
@@ -302,7 +305,7 @@ class Simulator:
                     self._start_step(worker, now)
         priced = []
         for worker, run in runs:
-            horizon = self._horizon(worker)
+            horizon = self._horizon(worker, ignore_arrivals=run.ignores_later_arrivals and self._arrivals_queue_behind)
             ends = self._step_ends(worker, run, now, horizon)
             priced.append((worker, run, horizon, ends, float(ends[_run_length(ends, horizon) - 1])))
         for worker, run, horizon, ends, _ in priced:
@@ -494,9 +497,17 @@ class Simulator:
     def _push(self, when: float, kind: _Event, payload: Any) -> None:
         heapq.heappush(self._heap, (when, next(self._sequence), kind, payload))
 
-    def _horizon(self, worker: _Worker) -> float:
-        """The earliest pending event that could change ``worker``'s batch."""
-        times = [when for when, _, kind, payload in self._heap if self._affects(worker, kind, payload)]
+    def _horizon(self, worker: _Worker, *, ignore_arrivals: bool = False) -> float:
+        """The earliest pending event that could change ``worker``'s batch.
+
+        With ``ignore_arrivals``, arrivals do not count: the run's queue admits nobody
+        who arrives later (:attr:`DecodeRun.ignores_later_arrivals`).
+        """
+        times = [
+            when
+            for when, _, kind, payload in self._heap
+            if not (ignore_arrivals and kind is _Event.ARRIVAL) and self._affects(worker, kind, payload)
+        ]
         return min(times, default=float("inf"))
 
     def _affects(self, worker: _Worker, kind: _Event, payload: Any) -> bool:
