@@ -89,6 +89,42 @@ class TestPagedKVManager:
         assert kv.cache_stats.evictions == 2
         kv.check_invariants()
 
+    def test_eviction_takes_a_freed_chain_from_its_tail(self) -> None:
+        """Evicting part of a freed chain drops its last pages, so the rest stays a claimable prefix."""
+        kv = PagedKVManager(num_pages=4, page_size=2, enable_prefix_caching=True)
+        hashes = page_hashes(list(range(8)), 2)
+        slot = kv.open()
+        kv.grow_to(slot, 8)
+        kv.register(slot, hashes)
+        head_first = [int(p) for p in kv.pages(slot)]
+        kv.free(slot)
+        assert kv.idle_cached_pages() == head_first[::-1]
+        kv.grow_to(kv.open(), 2)  # one fresh page: the plain pool is empty, so one idle page goes
+        assert kv.cached_prefix(hashes, 4) == 3
+        assert kv.idle_cached_pages() == head_first[2::-1]
+        kv.check_invariants()
+
+    def test_tables_freed_together_park_children_before_parents(self) -> None:
+        """Two tables sharing a prefix, freed in one call: both tails idle ahead of the shared pages."""
+        kv = PagedKVManager(num_pages=4, page_size=2, enable_prefix_caching=True)
+        streams = [[0, 1, 2, 3, 4, 5], [0, 1, 2, 3, 9, 9]]
+        first = kv.open()
+        kv.grow_to(first, 6)
+        kv.register(first, page_hashes(streams[0], 2))
+        second = kv.open()
+        kv.claim(second, page_hashes(streams[1], 2), 2, queried=3)
+        kv.grow_to(second, 6)
+        kv.register(second, page_hashes(streams[1], 2)[2:])  # its first two pages are claimed, named
+        shared = [int(p) for p in kv.pages(first)[:2]]
+        tails = {int(kv.pages(first)[2]), int(kv.pages(second)[2])}
+        kv.free_many(np.array([first, second], np.int32))
+        idle = kv.idle_cached_pages()
+        assert set(idle[:2]) == tails
+        assert idle[2:] == shared[::-1]
+        kv.grow_to(kv.open(), 4)  # two fresh pages: both tails go, the shared prefix stays
+        assert [kv.cached_prefix(page_hashes(s, 2), 3) for s in streams] == [2, 2]
+        kv.check_invariants()
+
     def test_retract_and_unevict_restore_the_cache(self) -> None:
         """Undoing a growth that evicted puts the evicted pages back in the cache, in their place."""
         kv = PagedKVManager(num_pages=3, page_size=2, enable_prefix_caching=True)

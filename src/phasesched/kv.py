@@ -86,6 +86,21 @@ def _layout(slots: Int32Array, first: Int32Array, count: NDArray[np.integer]) ->
     return rows, cols
 
 
+def _tail_first(pages: Int32Array, *, several: bool) -> Int32Array:
+    """Released pages (tables concatenated in token order) in the order to park them: tails first.
+
+    The idle LRU evicts the page parked first, and a chain whose head is evicted loses the rest
+    (a lookup stops at the first miss), so every page goes ahead of its parent, as vLLM frees a
+    request's blocks in reverse. A page shared by several of the tables keeps its first place:
+    its parent comes before it wherever it appears, so reversing keeps children ahead of parents.
+    """
+    if several:  # dedupe, keeping the first occurrence of each page
+        _, first = np.unique(pages, return_index=True)
+        if len(first) < len(pages):
+            pages = pages[np.sort(first)]
+    return pages[::-1]
+
+
 def _read_only(array: NDArray[np.int32]) -> NDArray[np.int32]:
     view: NDArray[np.int32] = array.view()
     view.flags.writeable = False
@@ -386,7 +401,7 @@ class PagedKVManager:
         _, pages = self.gather(slots, counts)
         if self._shared:  # a page may appear in several of these tables: count every reference
             np.subtract.at(self._refcount, pages, 1)
-            released = np.unique(pages[self._refcount[pages] == 0])
+            released = _tail_first(pages[self._refcount[pages] == 0], several=len(slots) > 1)
         else:  # every page has one owner, so each appears once and is released
             self._refcount[pages] = 0
             released = pages
