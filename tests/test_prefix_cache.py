@@ -136,10 +136,18 @@ class TestSameTokens:
 
 class TestPresets:
     @pytest.mark.parametrize(
-        ("name", "on"), [("vllm", True), ("vllm-priority", True), ("sglang", True), ("sarathi", False)]
+        ("name", "on"),
+        [
+            ("vllm", True),
+            ("vllm-priority", True),
+            ("sglang", True),
+            ("trtllm-equal-progress", True),
+            ("sarathi", False),
+            ("orca", False),
+        ],
     )
     def test_engines_that_cache_by_default_do(self, name: str, on: bool) -> None:
-        """vLLM V1 and SGLang cache prefixes by default; the option turns it off."""
+        """vLLM V1, SGLang and TensorRT-LLM (block reuse) cache prefixes by default; the option turns it off."""
         assert load_policy(name, PolicyOptions()).enable_prefix_caching is on
         assert not load_policy(name, PolicyOptions(enable_prefix_caching=False)).enable_prefix_caching
 
