@@ -8,7 +8,16 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import Bundle, RuleBasedStateMachine, consumes, invariant, precondition, rule
 
-from phasesched import OutOfPagesError, PagedKVManager
+from phasesched import (
+    KVView,
+    OutOfPagesError,
+    PagedKVManager,
+    Request,
+    Scheduler,
+    SchedulerConfig,
+    SchedulingPolicy,
+)
+from phasesched.policies import TokenBudget
 from phasesched.prefix import extend_page_hashes
 
 
@@ -282,3 +291,28 @@ def test_grow_many_equals_grow_one_by_one(lengths: list[int]) -> None:
     assert [one.page_count(s) for s in slots_one] == [many.page_count(int(s)) for s in slots_many]
     assert one.num_free_pages == many.num_free_pages
     many.check_invariants()
+
+
+class TestKVView:
+    MUTATORS = ("open", "grow_to", "grow_many", "extend_many", "retract", "free", "free_many", "claim", "register")
+
+    def test_the_scheduler_shows_its_pages_read_only(self) -> None:
+        """Scheduler.kv answers queries, has no method that changes a table, and gives read-only arrays."""
+        policy = SchedulingPolicy(budget=TokenBudget(max_num_batched_tokens=64), enable_prefix_caching=True)
+        scheduler = Scheduler(SchedulerConfig(num_pages=16, page_size=4, watermark=0.25), policy)
+        scheduler.add_request(Request("a", prompt_token_ids=list(range(10)), max_new_tokens=4))
+        plan = scheduler.schedule()
+        view, manager = scheduler.kv, scheduler._kv
+        assert isinstance(view, KVView)
+        assert not [name for name in self.MUTATORS if hasattr(view, name)]
+        slot = int(plan.slots[0])
+        assert (view.num_free_pages, view.num_used_pages, view.watermark_pages) == (13, 3, 4)
+        assert (view.page_size, view.num_pages, view.pages_for(9), view.prefix_caching) == (4, 16, 3, True)
+        assert view.pages(slot).tolist() == manager.pages(slot).tolist()
+        assert view.pages_to_grow(plan.slots, np.array([13], np.int32)).tolist() == [1]
+        assert view.cache_stats == manager.cache_stats
+        for array in (view.pages(slot), view.page_counts, view.refcounts):
+            with pytest.raises(ValueError, match="read-only"):
+                array[0] = 99
+        with pytest.raises(AttributeError):
+            view.page_size = 8  # type: ignore[misc]

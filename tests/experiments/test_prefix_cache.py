@@ -7,6 +7,7 @@ import json
 import pytest
 
 from phasesched.experiments.context import ExperimentContext
+from phasesched.experiments.prefix_cache import PrefixCacheResult
 from phasesched.experiments.suite import EXPERIMENTS, SuiteOptions, run_experiment, shipped_trace
 
 SYNTHETIC = "shared-prefix"
@@ -32,6 +33,7 @@ def test_cache_on_saves_prefill_and_off_saves_none() -> None:
 def test_every_row_shows_its_best_chunk() -> None:
     """Each row carries the chunk size with the lowest p99 TTFT for its workload and cache, and the table shows it."""
     result = run_experiment("prefix-cache", ExperimentContext(), SuiteOptions(quick=True, default_trace=False))
+    assert isinstance(result, PrefixCacheResult)
     assert "best_chunk" in [c.key for c in result.columns]
     for row in result.rows:
         group = [r for r in result.rows if (r["workload"], r["cache"]) == (row["workload"], row["cache"])]
