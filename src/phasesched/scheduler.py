@@ -884,7 +884,7 @@ class Scheduler:
 
     @property
     def kv(self) -> KVView:
-        """A read-only view of the KV pages: free pages, watermark, page size, cache counters, tables."""
+        """The KV pages, read-only (free pages, watermark, page size, cache counters, tables)."""
         return self._kv_view
 
     @property
