@@ -105,12 +105,12 @@ def with_plugin(policy: SchedulingPolicy, part: str, fault: Fault) -> Scheduling
 
 PLUGIN_PARTS = ("priority", "chunker", "victims", "queue_order")
 INTERNAL_PARTS: dict[str, Callable[[Scheduler], tuple[object, str]]] = {
-    "kv.extend_many": lambda s: (s.kv, "extend_many"),
-    "kv.open": lambda s: (s.kv, "open"),
-    "kv.free_many": lambda s: (s.kv, "free_many"),
-    "kv.gather": lambda s: (s.kv, "gather"),
-    "kv.claim": lambda s: (s.kv, "claim"),
-    "kv.register_many": lambda s: (s.kv, "register_many"),
+    "kv.extend_many": lambda s: (s._kv, "extend_many"),
+    "kv.open": lambda s: (s._kv, "open"),
+    "kv.free_many": lambda s: (s._kv, "free_many"),
+    "kv.gather": lambda s: (s._kv, "gather"),
+    "kv.claim": lambda s: (s._kv, "claim"),
+    "kv.register_many": lambda s: (s._kv, "register_many"),
     "arrays.load": lambda s: (s._arrays, "load"),
     "arrays.unload": lambda s: (s._arrays, "unload"),
     "tokens.write": lambda s: (s._arrays.tokens, "write"),

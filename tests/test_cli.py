@@ -611,3 +611,18 @@ def test_plain_bench_runs_the_seed_suite(tmp_path: Path) -> None:
     assert {row["policy"] for row in grid} == set(REPRESENTATIVE_POLICIES)
     assert data["verdict"]["winner"]["prefill_vs_baseline"] >= 0.9
     assert "Verdict:" in done.stdout
+
+
+@pytest.mark.skipif(not MOONCAKE.is_file(), reason="data/traces is absent")
+def test_bench_prefix_cache_end_to_end(tmp_path: Path) -> None:
+    """`bench prefix-cache --quick` serves the chats and the shipped Mooncake trace: table, best chunk, JSON."""
+    done = command("bench", "prefix-cache", "--quick", "--limit", "8", "--no-plots", "--output", str(tmp_path))
+    assert done.returncode == 0, done.stderr
+    assert "best chunk" in done.stdout
+    assert "mooncake-conversation" in done.stdout
+    experiment = results(tmp_path)["experiments"]["prefix_cache"]
+    rows = experiment["rows"]
+    assert {r["cache"] for r in rows} == {"on", "off"}
+    assert any(r["workload"].startswith("shared-prefix") for r in rows)
+    assert all(r["best_chunk"] == experiment["best_chunk"][f"{r['workload']}/vllm/{r['cache']}"] for r in rows)
+    assert any(r["hit_rate"] > 0 for r in rows if r["workload"] == "mooncake-conversation" and r["cache"] == "on")

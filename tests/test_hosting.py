@@ -36,7 +36,7 @@ def scheduler_view(scheduler: Scheduler) -> SchedulerView:
     return SchedulerView(
         now=0.0,
         budget=scheduler.policy.budget,
-        kv=scheduler.kv,
+        kv=scheduler._kv,
         arrays=scheduler._arrays,
         running=scheduler._running,
         waiting=scheduler._waiting,

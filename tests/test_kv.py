@@ -8,7 +8,16 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import Bundle, RuleBasedStateMachine, consumes, invariant, precondition, rule
 
-from phasesched import OutOfPagesError, PagedKVManager
+from phasesched import (
+    KVView,
+    OutOfPagesError,
+    PagedKVManager,
+    Request,
+    Scheduler,
+    SchedulerConfig,
+    SchedulingPolicy,
+)
+from phasesched.policies import TokenBudget
 from phasesched.prefix import extend_page_hashes
 
 
@@ -87,6 +96,42 @@ class TestPagedKVManager:
         assert kv.cached_prefix(page_hashes([0, 1, 2, 3], 2), 2) == 0
         assert kv.cached_prefix(page_hashes([100, 101, 102, 103], 2), 2) == 2
         assert kv.cache_stats.evictions == 2
+        kv.check_invariants()
+
+    def test_eviction_takes_a_freed_chain_from_its_tail(self) -> None:
+        """Evicting part of a freed chain drops its last pages, so the rest stays a claimable prefix."""
+        kv = PagedKVManager(num_pages=4, page_size=2, enable_prefix_caching=True)
+        hashes = page_hashes(list(range(8)), 2)
+        slot = kv.open()
+        kv.grow_to(slot, 8)
+        kv.register(slot, hashes)
+        head_first = [int(p) for p in kv.pages(slot)]
+        kv.free(slot)
+        assert kv.idle_cached_pages() == head_first[::-1]
+        kv.grow_to(kv.open(), 2)  # one fresh page: the plain pool is empty, so one idle page goes
+        assert kv.cached_prefix(hashes, 4) == 3
+        assert kv.idle_cached_pages() == head_first[2::-1]
+        kv.check_invariants()
+
+    def test_tables_freed_together_park_children_before_parents(self) -> None:
+        """Two tables sharing a prefix, freed in one call: both tails idle ahead of the shared pages."""
+        kv = PagedKVManager(num_pages=4, page_size=2, enable_prefix_caching=True)
+        streams = [[0, 1, 2, 3, 4, 5], [0, 1, 2, 3, 9, 9]]
+        first = kv.open()
+        kv.grow_to(first, 6)
+        kv.register(first, page_hashes(streams[0], 2))
+        second = kv.open()
+        kv.claim(second, page_hashes(streams[1], 2), 2, queried=3)
+        kv.grow_to(second, 6)
+        kv.register(second, page_hashes(streams[1], 2)[2:])  # its first two pages are claimed, named
+        shared = [int(p) for p in kv.pages(first)[:2]]
+        tails = {int(kv.pages(first)[2]), int(kv.pages(second)[2])}
+        kv.free_many(np.array([first, second], np.int32))
+        idle = kv.idle_cached_pages()
+        assert set(idle[:2]) == tails
+        assert idle[2:] == shared[::-1]
+        kv.grow_to(kv.open(), 4)  # two fresh pages: both tails go, the shared prefix stays
+        assert [kv.cached_prefix(page_hashes(s, 2), 3) for s in streams] == [2, 2]
         kv.check_invariants()
 
     def test_retract_and_unevict_restore_the_cache(self) -> None:
@@ -246,3 +291,28 @@ def test_grow_many_equals_grow_one_by_one(lengths: list[int]) -> None:
     assert [one.page_count(s) for s in slots_one] == [many.page_count(int(s)) for s in slots_many]
     assert one.num_free_pages == many.num_free_pages
     many.check_invariants()
+
+
+class TestKVView:
+    MUTATORS = ("open", "grow_to", "grow_many", "extend_many", "retract", "free", "free_many", "claim", "register")
+
+    def test_the_scheduler_shows_its_pages_read_only(self) -> None:
+        """Scheduler.kv answers queries, has no method that changes a table, and gives read-only arrays."""
+        policy = SchedulingPolicy(budget=TokenBudget(max_num_batched_tokens=64), enable_prefix_caching=True)
+        scheduler = Scheduler(SchedulerConfig(num_pages=16, page_size=4, watermark=0.25), policy)
+        scheduler.add_request(Request("a", prompt_token_ids=list(range(10)), max_new_tokens=4))
+        plan = scheduler.schedule()
+        view, manager = scheduler.kv, scheduler._kv
+        assert isinstance(view, KVView)
+        assert not [name for name in self.MUTATORS if hasattr(view, name)]
+        slot = int(plan.slots[0])
+        assert (view.num_free_pages, view.num_used_pages, view.watermark_pages) == (13, 3, 4)
+        assert (view.page_size, view.num_pages, view.pages_for(9), view.prefix_caching) == (4, 16, 3, True)
+        assert view.pages(slot).tolist() == manager.pages(slot).tolist()
+        assert view.pages_to_grow(plan.slots, np.array([13], np.int32)).tolist() == [1]
+        assert view.cache_stats == manager.cache_stats
+        for array in (view.pages(slot), view.page_counts, view.refcounts):
+            with pytest.raises(ValueError, match="read-only"):
+                array[0] = 99
+        with pytest.raises(AttributeError):
+            view.page_size = 8  # type: ignore[misc]

@@ -136,10 +136,18 @@ class TestSameTokens:
 
 class TestPresets:
     @pytest.mark.parametrize(
-        ("name", "on"), [("vllm", True), ("vllm-priority", True), ("sglang", True), ("sarathi", False)]
+        ("name", "on"),
+        [
+            ("vllm", True),
+            ("vllm-priority", True),
+            ("sglang", True),
+            ("trtllm-equal-progress", True),
+            ("sarathi", False),
+            ("orca", False),
+        ],
     )
     def test_engines_that_cache_by_default_do(self, name: str, on: bool) -> None:
-        """vLLM V1 and SGLang cache prefixes by default; the option turns it off."""
+        """vLLM V1, SGLang and TensorRT-LLM (block reuse) cache prefixes by default; the option turns it off."""
         assert load_policy(name, PolicyOptions()).enable_prefix_caching is on
         assert not load_policy(name, PolicyOptions(enable_prefix_caching=False)).enable_prefix_caching
 
@@ -183,3 +191,15 @@ class TestCacheAwareOrders:
     def test_cache_aware_aging_ranks_by_uncached_tokens(self) -> None:
         """The cached request costs 1 uncached token, the cold one 50 and the long one 200."""
         assert self.waiting_order(CacheAwareAging(aging_tokens_per_s=1.0)) == ["hot", "cold", "long"]
+
+    @pytest.mark.parametrize(("aging", "first"), [(4.0, "old-long"), (0.01, "new-short")])
+    def test_aging_lets_an_old_long_cold_request_overtake(self, aging: float, first: str) -> None:
+        """A 200-token cold prompt 100 s older than a 10-token one: it goes first once aging outweighs 190 tokens."""
+        order = CacheAwareAging(aging_tokens_per_s=aging)
+        policy = attrs.evolve(cached_policy(), queue_order=order, budget=TokenBudget(512, max_num_seqs=1))
+        driver = Driver(scheduler_for(policy, num_pages=64), PagedContentExecutor())
+        driver.scheduler.add_request(chat("new-short", list(range(900, 910)), new=1, at=100.0))
+        driver.scheduler.add_request(chat("old-long", list(range(400, 600)), new=1, at=0.0))
+        driver.run()
+        admitted = [r.request_id for p in driver.plans for r in p.new_requests]
+        assert admitted[0] == first

@@ -34,6 +34,7 @@ from phasesched.errors import UnknownTableError as UnknownTableError
 from phasesched.executor import DeterministicExecutor as DeterministicExecutor
 from phasesched.executor import Executor as Executor
 from phasesched.executor import StepResult as StepResult
+from phasesched.kv import KVView as KVView
 from phasesched.kv import PagedKVManager as PagedKVManager
 from phasesched.plan import ScheduledPiece as ScheduledPiece
 from phasesched.plan import StepPlan as StepPlan
@@ -90,6 +91,7 @@ __all__ = [
     "InvalidPlanError",
     "InvalidRequestError",
     "InvalidResultError",
+    "KVView",
     "OutOfPagesError",
     "PagedKVManager",
     "Phase",

@@ -26,7 +26,7 @@ from phasesched.errors import InvalidArgumentError, OutOfPagesError, UnknownTabl
 from phasesched.prefix_cache import CacheStats, Evicted, PrefixCache
 from phasesched.validators import INT32_MAX, is_int
 
-__all__ = ["Claim", "FreedTables", "HeldKV", "PagedKVManager", "Registration", "Registrations"]
+__all__ = ["Claim", "FreedTables", "HeldKV", "KVView", "PagedKVManager", "Registration", "Registrations"]
 
 Int32Array = NDArray[np.int32]
 _NO_PAGE = -1
@@ -84,6 +84,21 @@ def _layout(slots: Int32Array, first: Int32Array, count: NDArray[np.integer]) ->
     rows: Int32Array = np.repeat(slots, count)
     cols: Int32Array = np.repeat(first, count) + (np.arange(total) - np.repeat(starts, count))
     return rows, cols
+
+
+def _tail_first(pages: Int32Array, *, several: bool) -> Int32Array:
+    """Released pages (tables concatenated in token order) in the order to park them: tails first.
+
+    The idle LRU evicts the page parked first, and a chain whose head is evicted loses the rest
+    (a lookup stops at the first miss), so every page goes ahead of its parent, as vLLM frees a
+    request's blocks in reverse. A page shared by several of the tables keeps its first place:
+    its parent comes before it wherever it appears, so reversing keeps children ahead of parents.
+    """
+    if several:  # dedupe, keeping the first occurrence of each page
+        _, first = np.unique(pages, return_index=True)
+        if len(first) < len(pages):
+            pages = pages[np.sort(first)]
+    return pages[::-1]
 
 
 def _read_only(array: NDArray[np.int32]) -> NDArray[np.int32]:
@@ -386,7 +401,7 @@ class PagedKVManager:
         _, pages = self.gather(slots, counts)
         if self._shared:  # a page may appear in several of these tables: count every reference
             np.subtract.at(self._refcount, pages, 1)
-            released = np.unique(pages[self._refcount[pages] == 0])
+            released = _tail_first(pages[self._refcount[pages] == 0], several=len(slots) > 1)
         else:  # every page has one owner, so each appears once and is released
             self._refcount[pages] = 0
             released = pages
@@ -676,3 +691,119 @@ class PagedKVManager:
         wider = np.full((self._table.shape[0], width), _NO_PAGE, dtype=np.int32)
         wider[:, : self._table.shape[1]] = self._table
         self._table = wider
+
+
+class KVView:
+    """A read-only view of a :class:`PagedKVManager`: what other modules may know of the KV pages.
+
+    :attr:`phasesched.Scheduler.kv` is one. It answers queries (free pages, the watermark, the
+    page size, pages a growth needs, prefix-cache counters, a table's pages as read-only arrays)
+    and has no method that changes anything, so nothing outside the scheduler opens, grows or
+    frees tables behind its back. Tables are still named by slot, as the scheduler's plans name
+    them.
+
+    >>> view = KVView(PagedKVManager(num_pages=8, page_size=16))
+    >>> view.num_free_pages, view.pages_for(20)
+    (8, 2)
+    >>> hasattr(view, "free")
+    False
+
+    """
+
+    __slots__ = ("_kv",)
+
+    def __init__(self, kv: PagedKVManager) -> None:
+        self._kv = kv
+
+    @property
+    def num_pages(self) -> int:
+        """Pages in the cache."""
+        return self._kv.num_pages
+
+    @property
+    def page_size(self) -> int:
+        """Tokens per page."""
+        return self._kv.page_size
+
+    @property
+    def watermark_pages(self) -> int:
+        """Pages admissions keep free (see :class:`PagedKVManager`)."""
+        return self._kv.watermark_pages
+
+    @property
+    def num_free_pages(self) -> int:
+        """Pages that can be handed out (the free pool plus idle cached pages)."""
+        return self._kv.num_free_pages
+
+    @property
+    def num_used_pages(self) -> int:
+        """Pages referenced by at least one table (held tables' included)."""
+        return self._kv.num_used_pages
+
+    @property
+    def num_cached_pages(self) -> int:
+        """Idle cached pages."""
+        return self._kv.num_cached_pages
+
+    @property
+    def num_held_tables(self) -> int:
+        """Tables held for a transfer (P/D)."""
+        return self._kv.num_held_tables
+
+    @property
+    def usage(self) -> float:
+        """Fraction of pages in use."""
+        return self._kv.usage
+
+    @property
+    def prefix_caching(self) -> bool:
+        """Whether prefix caching is on."""
+        return self._kv.prefix_caching
+
+    @property
+    def cache_stats(self) -> CacheStats:
+        """Prefix-cache counters, in pages (all zero when caching is off)."""
+        return self._kv.cache_stats
+
+    @property
+    def page_counts(self) -> Int32Array:
+        """int32 ``[S]``: pages per slot (read-only; free slots read 0)."""
+        return self._kv.page_counts
+
+    @property
+    def refcounts(self) -> Int32Array:
+        """int32 ``[num_pages]``: references per page (read-only)."""
+        return self._kv.refcounts
+
+    def idle_cached_pages(self) -> list[int]:
+        """Idle cached pages, first to be evicted first (a copy)."""
+        return self._kv.idle_cached_pages()
+
+    def pages_for(self, num_tokens: int) -> int:
+        """Pages needed to hold ``num_tokens`` tokens."""
+        return self._kv.pages_for(num_tokens)
+
+    def pages_to_grow(self, slots: Int32Array, num_tokens: NDArray[np.integer]) -> NDArray[np.int64]:
+        """int64 ``[len(slots)]``: pages each table must add to hold ``num_tokens[i]`` tokens."""
+        return self._kv.pages_to_grow(slots, num_tokens)
+
+    def can_allocate(self, num_pages: int, *, admission: bool = False) -> bool:
+        """Whether ``num_pages`` more pages can be handed out now (``admission`` keeps the watermark)."""
+        return self._kv.can_allocate(num_pages, admission=admission)
+
+    def pages(self, slot: int) -> Int32Array:
+        """int32: table ``slot``'s page ids, in token order (read-only).
+
+        Raises:
+            UnknownTableError: ``slot`` is not an open table.
+
+        """
+        return self._kv.pages(slot)
+
+    def cached_prefix(self, hashes: list[int], max_pages: int) -> int:
+        """Leading pages of ``hashes`` (a sequence's page hashes) cached now, at most ``max_pages``."""
+        return self._kv.cached_prefix(hashes, max_pages)
+
+    def freed_by_freeing(self, slots: Int32Array) -> int:
+        """Pages that would return to the pool if every table in ``slots`` were freed."""
+        return self._kv.freed_by_freeing(slots)

@@ -32,7 +32,7 @@ from phasesched.errors import (
 )
 from phasesched.executor import StepResult
 from phasesched.journal import Journal
-from phasesched.kv import Claim, HeldKV, PagedKVManager
+from phasesched.kv import Claim, HeldKV, KVView, PagedKVManager
 from phasesched.plan import StepPlan, build_step_plan, token_positions
 from phasesched.policies.builder import BatchBuilder, checked_chunk
 from phasesched.policies.chunking import (
@@ -116,7 +116,7 @@ class _SteadyBatch:
     )
 
     def __init__(self, scheduler: Scheduler, start: Int32Array, known: Int32Array) -> None:
-        arrays, running, size = scheduler._arrays, scheduler._running, scheduler.kv.page_size  # noqa: SLF001
+        arrays, running, size = scheduler._arrays, scheduler._running, scheduler._kv.page_size  # noqa: SLF001
         n = len(running)
         self.running = running
         self.request_ids: tuple[str, ...] = tuple(arrays.ids[running].tolist())
@@ -230,12 +230,14 @@ class Scheduler:
         _expect(policy, (SchedulingPolicy, type(None)), InvalidArgumentError, "Scheduler's policy")
         self.config = config
         self.policy = policy or SchedulingPolicy(name="default")
-        self.kv = PagedKVManager(
+        self._kv = PagedKVManager(
             config.num_pages,
             config.page_size,
             watermark=config.watermark,
             enable_prefix_caching=self.policy.enable_prefix_caching,
         )
+        """The KV manager: internal (the scheduler's journal must see every change); others read :attr:`kv`."""
+        self._kv_view = KVView(self._kv)
         self._arrays = RunningArrays()
         self._running: Int32Array = _frozen(np.empty(0, dtype=np.int32))  # admission order
         self._waiting = WaitingQueue()
@@ -306,8 +308,8 @@ class Scheduler:
         seq = SequenceState(request, key, outputs=outputs, precomputed=int(precomputed_tokens))
         if request.prompt_token_ids is not None:
             seq.prompt_ids = _frozen(np.asarray(request.prompt_token_ids, dtype=np.int32))
-        if self.kv.prefix_caching:
-            seq.page_hashes = prompt_page_hashes(request, self.kv.page_size)
+        if self._kv.prefix_caching:
+            seq.page_hashes = prompt_page_hashes(request, self._kv.page_size)
         self._waiting.push(seq)  # first: the one step that can refuse (a plugin's incomparable key)
         self._seqs[request.request_id] = seq
         self._version += 1
@@ -435,7 +437,7 @@ class Scheduler:
                 self._steady = None
                 return None
             steady = self._steady = _SteadyBatch(self, checked.start, checked.known)
-        kv, running, start = self.kv, steady.running, steady.next_start
+        kv, running, start = self._kv, steady.running, steady.next_start
         size = kv.page_size
         starting = steady.groups[-steady.step % size]  # slices that start a fresh page in this step
         indptr, indices = steady.kv_indptr, steady.kv_indices
@@ -508,7 +510,7 @@ class Scheduler:
         view = SchedulerView(
             now=now,
             budget=self.policy.budget,
-            kv=self.kv,
+            kv=self._kv,
             arrays=self._arrays,
             running=self._running,
             waiting=self._waiting,
@@ -525,7 +527,7 @@ class Scheduler:
             arrays=self._arrays,
             running=self._running,
             waiting=self._waiting,
-            kv=self.kv,
+            kv=self._kv,
             budget=self.policy.budget,
         )
 
@@ -591,8 +593,8 @@ class Scheduler:
             elif steady.some_ids:
                 index = steady.id_index
                 arrays.tokens.write(slots[index], kv_len[index], tokens[index])
-            filled = steady.groups[-steady.step % self.kv.page_size]  # they start a page next step
-            if self.kv.prefix_caching and len(filled):  # their last pages filled in this step
+            filled = steady.groups[-steady.step % self._kv.page_size]  # they start a page next step
+            if self._kv.prefix_caching and len(filled):  # their last pages filled in this step
                 self._register_pages(slots[filled], kv_len[filled], journal)
         except BaseException:
             journal.rollback()
@@ -624,7 +626,7 @@ class Scheduler:
         journal.record(undo)
         arrays.computed[slots] = plan.kv_len
         done, reasons = self._record_tokens(plan, result)
-        if self.kv.prefix_caching:
+        if self._kv.prefix_caching:
             self._register_pages(slots, plan.kv_len, journal)
         if not reasons:
             return ()
@@ -664,7 +666,7 @@ class Scheduler:
         new_ids = {request.request_id for request in plan.new_requests}
         admitted = np.array([rid in new_ids for rid in plan.request_ids], dtype=bool) & ~aborted
         kept = ~admitted & ~aborted
-        self.kv.retract(slots[kept], -(-plan.start[kept] // self.kv.page_size))
+        self._kv.retract(slots[kept], -(-plan.start[kept] // self._kv.page_size))
         returned = self._unadmit(slots[admitted])
         self._released = [*plan.released, *returned, *self._released]
         self._carried_preempted = list(plan.preempted)
@@ -676,7 +678,7 @@ class Scheduler:
             return []
         seqs: list[SequenceState] = self._arrays.seqs[slots].tolist()
         for slot in slots.tolist():  # the admission looked up and claimed nothing after all
-            self.kv.uncount_claim(self._claims.pop(slot, None))
+            self._kv.uncount_claim(self._claims.pop(slot, None))
         self._retire(slots, Journal())
         for seq in seqs:
             seq.status = RequestStatus.PREEMPTED if seq.num_preemptions else RequestStatus.WAITING
@@ -713,8 +715,8 @@ class Scheduler:
             return None
         arrays, running = self._arrays, self._running
         steps = min(max_steps, int((arrays.max_known[running] - step.known).min()))  # up to the first finish
-        held = int(self.kv.page_counts[running].sum())
-        steps = steps_that_fit(step.start, held, self.kv.num_free_pages, self.kv.page_size, steps)
+        held = int(self._kv.page_counts[running].sum())
+        steps = steps_that_fit(step.start, held, self._kv.num_free_pages, self._kv.page_size, steps)
         ids = tuple(arrays.ids[running].tolist())
         later = bool(len(self._waiting)) and self._head_blocks(int(step.new_pages.sum()))
         return DecodeRun(ids, running.copy(), step.start + 1, steps, self._version, later)
@@ -748,7 +750,7 @@ class Scheduler:
     def _advance(self, slots: Int32Array, num_steps: int, journal: Journal) -> tuple[FinishedRequest, ...]:
         arrays = self._arrays
         computed = arrays.computed[slots] + num_steps
-        self._extend(slots, self.kv.pages_to_grow(slots, computed), journal)
+        self._extend(slots, self._kv.pages_to_grow(slots, computed), journal)
         known = arrays.known[slots] + num_steps
 
         def undo() -> None:
@@ -791,10 +793,10 @@ class Scheduler:
         start, known = arrays.computed[running], arrays.known[running]
         if np.count_nonzero(known - start - 1) or np.any(start < arrays.prompt_len[running]):
             return None  # a prefill is under way, if only a prompt's last token
-        new_pages = self.kv.pages_to_grow(running, start + 1)
+        new_pages = self._kv.pages_to_grow(running, start + 1)
         growth = int(new_pages.sum())
         blocked = not len(self._waiting) or unseated or self._admits_nobody(growth)
-        if growth > self.kv.num_free_pages or not blocked:
+        if growth > self._kv.num_free_pages or not blocked:
             return None  # the policy would preempt, or might admit: let it
         selection = Selection(running, np.ones(len(running), dtype=np.int32))
         return CheckedSelection(selection, start, known, new_pages)
@@ -821,7 +823,7 @@ class Scheduler:
         tokens = budget.max_num_batched_tokens - (len(self._running) if decode_first else 0)
         if seats <= 0 or tokens <= 0:
             return True
-        room = self.kv.num_free_pages - (decode_pages if decode_first else 0) - self.kv.watermark_pages
+        room = self._kv.num_free_pages - (decode_pages if decode_first else 0) - self._kv.watermark_pages
         equal_progress = isinstance(priority, EqualProgress)
         if isinstance(priority, EqualProgress):
             tried = priority.max_prompts
@@ -829,7 +831,7 @@ class Scheduler:
             assert isinstance(priority, (DecodeFirst, PrefillFirst))  # _may_block_admissions' promise
             tried = priority.max_declined + 1
         whole_only = type(self.policy.chunker) is NoChunking
-        pages_for = self.kv.pages_for
+        pages_for = self._kv.pages_for
         for seq in itertools.islice(self._waiting.ordered(), tried):
             if pages_for(seq.num_tokens) <= room:
                 return False
@@ -850,9 +852,9 @@ class Scheduler:
         if type(self.policy.chunker) is NoChunking:
             return False
         decode_first = type(priority) is DecodeFirst
-        room = self.kv.num_free_pages - (decode_pages if decode_first else 0) - self.kv.watermark_pages
+        room = self._kv.num_free_pages - (decode_pages if decode_first else 0) - self._kv.watermark_pages
         head = next(self._waiting.ordered())
-        return self.kv.pages_for(head.num_tokens) > room
+        return self._kv.pages_for(head.num_tokens) > room
 
     # ------------------------------------------------------------------ introspection
     @property
@@ -881,9 +883,14 @@ class Scheduler:
         return tuple(self._released)
 
     @property
+    def kv(self) -> KVView:
+        """The KV pages, read-only (free pages, watermark, page size, cache counters, tables)."""
+        return self._kv_view
+
+    @property
     def kv_usage(self) -> float:
         """Fraction of KV pages in use."""
-        return self.kv.usage
+        return self._kv.usage
 
     def running_request_ids(self) -> list[str]:
         """Running requests, in admission order."""
@@ -915,7 +922,7 @@ class Scheduler:
 
     def check_invariants(self) -> None:
         """Assert the internal bookkeeping is whole (tests call this after every step)."""
-        self.kv.check_invariants()
+        self._kv.check_invariants()
         arrays, running = self._arrays, self._running
         assert len(np.unique(running)) == len(running), "a slot runs twice"
         assert int(arrays.running.sum()) == len(running), "running mask and order disagree"
@@ -923,12 +930,12 @@ class Scheduler:
         assert len(running) <= self.policy.budget.max_num_seqs, "more running requests than max_num_seqs"
         assert np.all(arrays.computed[running] < arrays.known[running]), "a running request has nothing to compute"
         if self._in_flight is None:
-            held = self.kv.page_counts[running]
-            assert np.array_equal(held, -(-arrays.computed[running] // self.kv.page_size)), "pages != tokens held"
+            held = self._kv.page_counts[running]
+            assert np.array_equal(held, -(-arrays.computed[running] // self._kv.page_size)), "pages != tokens held"
         for seq in self._seqs.values():
             assert (seq.slot >= 0) == (seq.status is RequestStatus.RUNNING), "slot and status disagree"
-        assert self.kv.num_held_tables == len(self._holds), "held KV tables miscounted"
-        assert all(self.kv.is_held(slot) for slot, _ in self._holds.values()), "a hold lost its table"
+        assert self._kv.num_held_tables == len(self._holds), "held KV tables miscounted"
+        assert all(self._kv.is_held(slot) for slot, _ in self._holds.values()), "a hold lost its table"
 
     # ------------------------------------------------------------------ P/D: hold pages until released
     def hold_kv(self, request_id: str) -> None:
@@ -973,7 +980,7 @@ class Scheduler:
         if held is None:
             msg = f"request {request_id!r} holds no KV to release"
             raise UnknownRequestError(msg)
-        self.kv.release(held[0])
+        self._kv.release(held[0])
         self._version += 1
 
     def _hold_finished(self, seqs: list[SequenceState], reasons: list[FinishReason], journal: Journal) -> None:
@@ -982,9 +989,9 @@ class Scheduler:
             if seq is None or not seq.hold_kv or reason in (FinishReason.ABORTED, FinishReason.ERROR):
                 continue
             slot, request_id = seq.slot, seq.request.request_id
-            self.kv.defer_free(slot)
-            journal.record(functools.partial(self.kv.undefer_free, slot))
-            pages = self.kv.pages(slot).copy()
+            self._kv.defer_free(slot)
+            journal.record(functools.partial(self._kv.undefer_free, slot))
+            pages = self._kv.pages(slot).copy()
             pages.flags.writeable = False
             self._holds[request_id] = (slot, HeldKV(request_id, int(self._arrays.computed[slot]), pages))
             journal.record(functools.partial(self._holds.pop, request_id))
@@ -1005,12 +1012,12 @@ class Scheduler:
                 request.request_id, f"prompt of {request.prompt_len} tokens exceeds max_model_len={limit}"
             )
         most_cached = max(request.prompt_len, min(request.max_total_tokens, limit) - 1)
-        capacity = self.kv.num_pages - self.kv.watermark_pages
-        if self.kv.pages_for(most_cached) > capacity:
+        capacity = self._kv.num_pages - self._kv.watermark_pages
+        if self._kv.pages_for(most_cached) > capacity:
             raise RequestRejectedError(
                 request.request_id,
                 f"it may hold {most_cached} tokens of KV, more than "
-                f"the {capacity} usable pages of {self.kv.page_size} tokens",
+                f"the {capacity} usable pages of {self._kv.page_size} tokens",
             )
         # After a preemption it restarts from zero with its generated tokens too: at most
         # ``most_cached`` tokens, which the chunk sizer must be able to start in an empty step.
@@ -1043,13 +1050,13 @@ class Scheduler:
         if selection.admitted:
             admitted_tokens = np.asarray(selection.admitted_tokens, dtype=np.int32)
             admitted_start = arrays.computed[admitted]  # precomputed (transferred) tokens, usually 0
-            self._extend(admitted, self.kv.pages_to_grow(admitted, admitted_start + admitted_tokens), journal)
+            self._extend(admitted, self._kv.pages_to_grow(admitted, admitted_start + admitted_tokens), journal)
             slots = np.concatenate([slots, admitted])
             start = np.concatenate([start, admitted_start])
             known = np.concatenate([known, arrays.known[admitted]])
             num_new = np.concatenate([num_new, admitted_tokens])
         kv_len = start + num_new
-        kv_indptr, kv_indices = self.kv.gather(slots, self.kv.page_counts[slots])
+        kv_indptr, kv_indices = self._kv.gather(slots, self._kv.page_counts[slots])
         plan = build_step_plan(
             step_id=self._next_step,
             request_ids=tuple(arrays.ids[slots].tolist()),
@@ -1060,7 +1067,7 @@ class Scheduler:
             samples=kv_len == known,
             kv_indptr=kv_indptr,
             kv_indices=kv_indices,
-            page_size=self.kv.page_size,
+            page_size=self._kv.page_size,
             input_ids=self._input_ids(slots, start, num_new, known),
             preempted=preempted,
             new_requests=new_requests,
@@ -1074,12 +1081,12 @@ class Scheduler:
     def _extend(self, slots: Int32Array, num_pages: NDArray[np.int64], journal: Journal) -> None:
         if not np.count_nonzero(num_pages):  # most decode steps cross no page boundary
             return
-        counts = self.kv.page_counts[slots]  # a copy (fancy indexing), for the undo
-        evicted = self.kv.extend_many(slots, num_pages)
+        counts = self._kv.page_counts[slots]  # a copy (fancy indexing), for the undo
+        evicted = self._kv.extend_many(slots, num_pages)
 
         def undo() -> None:
-            self.kv.retract(slots, counts)
-            self.kv.unevict(evicted)
+            self._kv.retract(slots, counts)
+            self._kv.unevict(evicted)
 
         journal.record(undo)
 
@@ -1116,13 +1123,13 @@ class Scheduler:
         for i, request_id in enumerate(request_ids):
             seq = self._waiting.remove(request_id)
             journal.record(functools.partial(self._readmit, seq, seq.status))
-            slot = self.kv.open()
-            journal.record(functools.partial(self.kv.close_empty, slot))
+            slot = self._kv.open()
+            journal.record(functools.partial(self._kv.close_empty, slot))
             self._arrays.load(slot, seq, self.config.max_model_len)
             # Recorded at once: the claim below may raise, and a loaded slot reads as running.
             journal.record(functools.partial(self._arrays.unload, np.array([slot], np.int32)))
-            if self.kv.prefix_caching:
-                self.kv.limit_naming(slot, INT32_MAX if seq.outputs is not None else len(seq.page_hashes))
+            if self._kv.prefix_caching:
+                self._kv.limit_naming(slot, INT32_MAX if seq.outputs is not None else len(seq.page_hashes))
                 if not seq.precomputed:
                     self._claim(slot, seq, cached_pages[i], journal)
             seq.slot, seq.status = slot, RequestStatus.RUNNING
@@ -1134,17 +1141,17 @@ class Scheduler:
 
     def _claim(self, slot: int, seq: SequenceState, num_pages: int, journal: Journal) -> None:
         """Start ``slot`` from the cached pages of its prefix, as checked: its computed tokens begin there."""
-        hashes = seq.claimable_hashes(self.kv.page_size)
-        claim = self.kv.claim(slot, hashes, num_pages, queried=len(hashes))
-        journal.record(functools.partial(self.kv.unclaim, claim))
+        hashes = seq.claimable_hashes(self._kv.page_size)
+        claim = self._kv.claim(slot, hashes, num_pages, queried=len(hashes))
+        journal.record(functools.partial(self._kv.unclaim, claim))
         if claim is not None:
             self._claims[slot] = claim
             journal.record(functools.partial(self._claims.pop, slot))
-        self._arrays.computed[slot] = num_pages * self.kv.page_size
+        self._arrays.computed[slot] = num_pages * self._kv.page_size
 
     def _register_pages(self, slots: Int32Array, computed: Int32Array, journal: Journal) -> None:
         """Name the pages that filled in this step by their content hashes, for later requests to claim."""
-        kv = self.kv
+        kv = self._kv
         due = kv.pages_to_hash(slots, computed)
         index = np.flatnonzero(due)
         if not len(index):
@@ -1192,8 +1199,8 @@ class Scheduler:
         arrays = self._arrays
         seqs: list[SequenceState] = arrays.seqs[slots].tolist()
         progress = [(seq.outputs, seq.num_generated) for seq in seqs]
-        freed = self.kv.free_many(slots)
-        journal.record(lambda: self.kv.unfree(freed))
+        freed = self._kv.free_many(slots)
+        journal.record(lambda: self._kv.unfree(freed))
         arrays.unload(slots)
         journal.record(lambda: arrays.reload(slots, seqs, progress))
         self._running = _frozen(self._running[arrays.running[self._running]])

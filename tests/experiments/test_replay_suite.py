@@ -18,7 +18,16 @@ from phasesched.experiments.suite import (
     run_experiment,
     suite_names,
 )
-from phasesched.sim import Deployment, Workload, load_trace, synthetic, write_trace
+from phasesched.sim import (
+    Deployment,
+    Periodic,
+    SharedPrefixes,
+    Workload,
+    load_trace,
+    shared_prefix,
+    synthetic,
+    write_trace,
+)
 from phasesched.sim.arrivals import Poisson
 from phasesched.sim.lengths import Uniform
 
@@ -75,6 +84,20 @@ class TestReplay:
         data = result.to_dict()
         assert (data["clipped_prompts"], data["clipped_prompt_tokens"]) == (1, 905)
         assert data["rows"][0]["truncated_output_tokens"] == 107
+
+    def test_prefix_cache_hits_are_reported(self) -> None:
+        """Rows and columns give each policy's cache hit rate and cached tokens: some with the cache on, none off."""
+        sharing = SharedPrefixes(system_prompt=512, share=1.0)
+        trace = shared_prefix(8, Periodic(0.5), 64, 8, sharing)
+        context = ExperimentContext(policies=("vllm", "sarathi"))
+        result = run_replay(context, ReplayConfig(trace))
+        on, off = result.rows
+        assert on["policy"] == "vllm"
+        assert on["cached_tokens"] >= 7 * 512  # every session after the first claims the system prompt
+        assert 0.0 < on["prefix_hit_rate"] <= 1.0
+        assert (off["cached_tokens"], off["prefix_hit_rate"]) == (0, 0.0)
+        assert {"prefix_hit_rate", "cached_tokens"} <= {c.key for c in result.columns}
+        assert result.to_dict()["rows"][0]["cached_tokens"] == on["cached_tokens"]
 
     def test_progress_per_request(self, tmp_path: Path) -> None:
         """Progress is reported per policy, in requests, ending at the total."""

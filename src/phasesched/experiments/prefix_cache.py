@@ -2,7 +2,8 @@
 
 One policy (``vllm`` unless the context names others) serves each workload with prefix caching on
 and off, at several chunk sizes: a synthetic chat workload whose sessions share a system prompt,
-and, when given, a trace with block hashes (Mooncake's ``hash_ids``). Everything but the cache
+and a trace with block hashes (Mooncake's ``hash_ids``): ``phasesched bench prefix-cache`` serves
+the Mooncake conversation trace a checkout ships unless ``--trace`` names another. Everything but the cache
 and the chunk is held constant, so the differences are the cache's.
 """
 
@@ -60,6 +61,8 @@ class PrefixCacheConfig:
 class PrefixCacheResult:
     """One row per (workload, policy, cache, chunk size); ``best_chunk`` per (workload, policy, cache).
 
+    Each row also carries its group's ``best_chunk``, so the table shows how the cache moves it.
+
     Attributes:
         config: What was served.
         rows: The measured points.
@@ -90,6 +93,7 @@ class PrefixCacheResult:
             Column("prefill_saved_tokens", "prefill saved", ",d"),
             Column("median_ttft_ms", "p50 TTFT ms"),
             Column("p99_ttft_ms", "p99 TTFT ms"),
+            Column("best_chunk", "best chunk", ",d"),
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -114,8 +118,14 @@ def run_prefix_cache(context: ExperimentContext, config: PrefixCacheConfig | Non
                     rows.append(_row(workload.name, name, chunk, cache=cache, result=result))
     best: dict[str, int] = {}
     for row in sorted(rows, key=lambda r: (r["p99_ttft_ms"] is None, r["p99_ttft_ms"])):
-        best.setdefault(f"{row['workload']}/{row['policy']}/{row['cache']}", row["chunk"])
+        best.setdefault(_group(row), row["chunk"])
+    rows = [{**row, "best_chunk": best[_group(row)]} for row in rows]
     return PrefixCacheResult(config, tuple(rows), best, time.perf_counter() - started)
+
+
+def _group(row: Row) -> str:
+    """The ``best_chunk`` key of a row: its workload, policy and cache setting."""
+    return f"{row['workload']}/{row['policy']}/{row['cache']}"
 
 
 def _row(workload: str, policy: str, chunk: int, *, cache: bool, result: Any) -> Row:

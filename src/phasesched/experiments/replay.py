@@ -60,7 +60,11 @@ class ReplayConfig:
 
 @attrs.frozen(eq=False)
 class ReplayResult:
-    """Per policy: the ``vllm bench serve`` summary of the replay, and TTFT/ITL distributions.
+    """Per policy: the ``vllm bench serve`` summary of the replay, prefix-cache use, and TTFT/ITL distributions.
+
+    Each row also holds ``prefix_hit_rate`` (cached prompt tokens per prompt token looked up at
+    admission; 0 with the cache off) and ``cached_tokens`` (prompt tokens claimed from the cache
+    instead of computed), summed over the deployment's workers.
 
     Attributes:
         config: What was replayed.
@@ -107,6 +111,8 @@ class ReplayResult:
             Column("input_tok_s", "prompt tok/s", ",.0f"),
             Column("output_tok_s", "gen tok/s", ",.0f"),
             Column("preemptions", "preempt", ",d"),
+            Column("prefix_hit_rate", "cache hit rate", ".3f"),
+            Column("cached_tokens", "cached tokens", ",d"),
             Column("truncated_outputs", "cut outputs", ",d"),
         )
 
@@ -194,6 +200,8 @@ def run_replay(context: ExperimentContext, config: ReplayConfig) -> ReplayResult
                 "input_tok_s": metrics["input_throughput"],
                 "output_tok_s": metrics["output_throughput"],
                 "preemptions": metrics["num_preemptions"],
+                "prefix_hit_rate": result.prefix_cache.hit_rate,
+                "cached_tokens": result.prefix_cache.hits,
                 **output_losses(metrics),
                 "sim_wall_s": result.wall_s,
                 **vllm_bench_values(metrics, with_slo=config.ttft_slo_s is not None or config.tpot_slo_s is not None),

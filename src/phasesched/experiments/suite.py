@@ -19,6 +19,7 @@ Poisson arrivals on up to four workers, is the most expensive part.
 from __future__ import annotations
 
 from collections.abc import Callable
+from pathlib import Path
 
 import attrs
 
@@ -31,10 +32,20 @@ from phasesched.experiments.phase_split import PhaseSplitConfig, run_phase_split
 from phasesched.experiments.prefill_curve import PrefillCurveConfig, run_prefill_curve
 from phasesched.experiments.prefix_cache import PrefixCacheConfig, run_prefix_cache
 from phasesched.experiments.replay import ReplayConfig, run_replay
+from phasesched.sim.traces import load_trace
 from phasesched.sim.workload import Workload
 from phasesched.slo import SLO
 
-__all__ = ["EXPERIMENTS", "QUICK_REPLAY_LIMIT", "SUITE", "SuiteOptions", "run_experiment", "suite_names"]
+__all__ = [
+    "EXPERIMENTS",
+    "MOONCAKE_TRACE",
+    "QUICK_REPLAY_LIMIT",
+    "SUITE",
+    "SuiteOptions",
+    "run_experiment",
+    "shipped_trace",
+    "suite_names",
+]
 
 SUITE = ("prefill", "decode", "mixed", "phase-split", "grid")
 """What plain ``phasesched bench`` runs, in order (plus ``replay`` when a trace is given)."""
@@ -44,6 +55,21 @@ EXPERIMENTS = (*SUITE, "replay", "prefix-cache")
 
 QUICK_REPLAY_LIMIT = 64
 """Requests a quick replay serves when no limit is given."""
+
+MOONCAKE_TRACE = Path("data", "traces", "conversation_trace.jsonl")
+"""Mooncake's conversation trace (with ``hash_ids``), where a source checkout ships it."""
+
+
+def shipped_trace(relative: Path = MOONCAKE_TRACE) -> Path | None:
+    """A trace the repository ships: under the working directory or the checkout this package runs from.
+
+    The traces are not in the wheel, so an installed package finds them only when run from a
+    checkout (or beside one); ``None`` when neither has the file.
+    """
+    for root in (Path.cwd(), Path(__file__).resolve().parents[3]):
+        if (root / relative).is_file():
+            return root / relative
+    return None
 
 
 @attrs.frozen(eq=False)
@@ -56,6 +82,8 @@ class SuiteOptions:
         rate: Arrival rate (req/s) for the phase split's Poisson workload and for a replay.
         trace: The workload a replay serves.
         limit: Replay only the first ``limit`` requests of the trace.
+        default_trace: Whether the prefix-cache experiment, given no ``trace``, also serves the
+            shipped Mooncake conversation trace (:func:`shipped_trace`) when it is there.
         slo: Goodput's targets in the phase split and the replay (``--slo``), instead of their defaults.
     """
 
@@ -64,6 +92,7 @@ class SuiteOptions:
     trace: Workload | None = None
     limit: int | None = None
     slo: SLO | None = None
+    default_trace: bool = True
 
 
 def suite_names(experiment: str | None, options: SuiteOptions) -> tuple[str, ...]:
@@ -120,8 +149,11 @@ def _replay(context: ExperimentContext, options: SuiteOptions) -> ExperimentResu
 
 def _prefix_cache(context: ExperimentContext, options: SuiteOptions) -> ExperimentResult:
     config = PrefixCacheConfig.quick() if options.quick else PrefixCacheConfig()
-    if options.trace is not None:
-        config = attrs.evolve(config, trace=options.trace, trace_limit=options.limit or config.trace_limit)
+    trace = options.trace
+    if trace is None and options.default_trace and (path := shipped_trace()) is not None:
+        trace = load_trace(path, name="mooncake-conversation")
+    if trace is not None:
+        config = attrs.evolve(config, trace=trace, trace_limit=options.limit or config.trace_limit)
     return run_prefix_cache(context, config)
 
 

@@ -45,7 +45,7 @@ class PolicyOptions:
         cost_model: Step-time predictor, required by SLO-adaptive presets.
         tbt_target_s: Time-between-tokens target for SLO-adaptive presets.
         enable_prefix_caching: Override of the preset's prefix caching (on for the engines
-            that default to it: vLLM V1 and SGLang; off for the others).
+            that default to it: vLLM V1, SGLang and TensorRT-LLM; off for the others).
 
     """
 
@@ -132,15 +132,16 @@ def sarathi_slo(options: PolicyOptions) -> SchedulingPolicy:
 
 
 def sglang(options: PolicyOptions) -> SchedulingPolicy:
-    """SGLang's default: prefill-first, one chunked request in flight, 8192-token chunks.
+    """SGLang's default: prefill-first, one chunked request in flight, 8192-token chunks, FCFS.
 
     When prompts wait, a step runs them (up to ``chunked_prefill_size`` tokens) and decodes
-    pause; only one request may be part-way through its prefill. Its radix cache is on, as in
-    SGLang (prefix caching over full pages; ``PolicyOptions(enable_prefix_caching=False)`` is
-    ``--disable-radix-cache``). Differs from SGLang: the waiting queue stays FCFS (SGLang's
-    default ``lpm`` order is :class:`~phasesched.policies.LongestPrefixMatch`), the cache
-    shares whole pages rather than single tokens, and the mixed-chunk option is
-    ``PrefillFirst(mix_decodes=True)``.
+    pause; only one request may be part-way through its prefill. The waiting queue is FCFS, as
+    SGLang's ``--schedule-policy`` defaults to ``fcfs`` (older releases defaulted to ``lpm``,
+    which is :class:`~phasesched.policies.LongestPrefixMatch`: set it as the ``queue_order``).
+    Its radix cache is on, as in SGLang (prefix caching over full pages;
+    ``PolicyOptions(enable_prefix_caching=False)`` is ``--disable-radix-cache``). Differs from
+    SGLang: the cache shares whole pages rather than single tokens, and the mixed-chunk option
+    is ``PrefillFirst(mix_decodes=True)``.
     """
     size = options.chunk_size or 8192
     chunker = LongPrefillThreshold(long_prefill_token_threshold=size, max_num_partial_prefills=1)
@@ -176,6 +177,10 @@ def trtllm_equal_progress(options: PolicyOptions) -> SchedulingPolicy:
     scheduler reserves KV for each request's maximum length at admission
     (``GUARANTEED_NO_EVICT``); here admission is optimistic and memory pressure preempts by
     recompute.
+
+    KV block reuse is on, as TensorRT-LLM's ``KvCacheConfig.enable_block_reuse`` defaults to
+    ``True``: a request claims the cached full pages of its prompt at admission. Pass
+    ``PolicyOptions(enable_prefix_caching=False)`` for ``enable_block_reuse=False``.
     """
     unit = options.chunk_size or 64
     return SchedulingPolicy(
@@ -183,4 +188,5 @@ def trtllm_equal_progress(options: PolicyOptions) -> SchedulingPolicy:
         budget=options.budget(8192),
         chunker=FixedChunk(unit),
         priority=EqualProgress(unit=unit),
+        enable_prefix_caching=options.prefix_caching(default=True),
     )

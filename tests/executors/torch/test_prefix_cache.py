@@ -40,6 +40,17 @@ def cached_starts(run: EngineRun) -> list[int]:
     return [int(p.start[i]) for p, ids in news for i, rid in enumerate(p.request_ids) if rid in ids and p.start[i] > 0]
 
 
+def resumed_starts(run: EngineRun) -> list[int]:
+    """Where requests readmitted after a preemption started again (positive: from a cached prefix)."""
+    preempted: set[str] = set()
+    starts = []
+    for plan in run.plans:
+        new = {r.request_id for r in plan.new_requests}
+        starts += [int(plan.start[i]) for i, rid in enumerate(plan.request_ids) if rid in new and rid in preempted]
+        preempted.update(plan.preempted)
+    return starts
+
+
 class TestSameTokens:
     def test_shared_system_prompt(self) -> None:
         """Requests arriving after one another with one system prompt: hits, and the same greedy tokens."""
@@ -78,6 +89,7 @@ class TestSameTokens:
         assert on.cache_stats.evictions > 0
         assert on.cache_stats.hits > 0
         assert cached_starts(on)
+        assert any(start > 0 for start in resumed_starts(on)), "no preempted request resumed from the cache"
         assert on.outputs() == off.outputs()
 
 
