@@ -21,6 +21,7 @@ from numpy.typing import NDArray
 
 from phasesched import POLICIES, PolicyOptions, SchedulingPolicy, load_policy
 from phasesched.costmodel.protocol import CostModel
+from phasesched.errors import InvalidArgumentError
 from phasesched.metrics.summary import RunMetrics
 from phasesched.parallel import Backend, map_tasks
 from phasesched.sim.deployment import Deployment
@@ -167,19 +168,38 @@ class ExperimentContext:
         """The user's policies, or ``default`` (``None``: :func:`distinct_policies`) when none were given."""
         return self.policies or (default if default is not None else distinct_policies())
 
-    def map(self, task: str, function: Any, arguments: Sequence[tuple[Any, ...]]) -> list[Any]:
+    def map(
+        self,
+        task: str,
+        function: Any,
+        arguments: Sequence[tuple[Any, ...]],
+        costs: Sequence[float] | None = None,
+    ) -> list[Any]:
         """``[function(*a) for a in arguments]`` on the context's ``backend``, reporting progress as ``task``.
 
         ``function`` must be a module-level function; pass it :meth:`detached` rather than
-        this context, since the progress hook stays in this process.
+        this context, since the progress hook stays in this process. ``costs`` (one rough
+        estimate per task, any unit) starts the costliest tasks first, so a pool does not end
+        with one worker finishing a long task while the others idle; results still come back
+        in input order, and are the same whatever the order.
         """
-        return map_tasks(
+        order = list(range(len(arguments)))
+        if costs is not None:
+            if len(costs) != len(arguments):
+                msg = f"{len(costs)} costs for {len(arguments)} tasks"
+                raise InvalidArgumentError(msg)
+            order.sort(key=lambda i: -costs[i])
+        results = map_tasks(
             function,
-            arguments,
+            [arguments[i] for i in order],
             backend=self.backend,
             workers=self.workers,
             progress=lambda done, total: self.report(task, done, total),
         )
+        out: list[Any] = [None] * len(arguments)
+        for i, result in zip(order, results, strict=True):
+            out[i] = result
+        return out
 
     def detached(self) -> ExperimentContext:
         """The context without its progress hook: what a task in another process gets."""

@@ -8,8 +8,8 @@ Sizes of the full suite (each config's defaults; see their docstrings for why), 
 * mixed load: 32 short requests (512 in, 1024 out) and one 16K prompt at 0.5 s, under 8
   configurations (no chunking, chunks 256..4096, SLO-adaptive, 1P+1D disaggregation) plus any
   policies given;
-* phase split: 300 Poisson requests at 12 req/s under 1:1, 1:2, 1:3, 2:2 and 2, 3, 4 replicas;
-* grid: prompts 128/1K/4K/16K x outputs 32/256/1K x concurrency 1/8/32, 4 requests per client.
+* phase split: 200 Poisson requests at 12 req/s under 1:1, 1:2, 1:3, 2:2 and 2, 3, 4 replicas;
+* grid: prompts 128/1K/4K/16K x outputs 32/256/1K x concurrency 1/8/32, 2 requests per client.
 
 Simulation is cheap where decodes run alone (they are fast-forwarded) and costs a scheduler
 step per model step wherever prefills and arrivals interleave, so the phase split, with its
