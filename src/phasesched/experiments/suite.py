@@ -33,6 +33,7 @@ from phasesched.experiments.prefix_cache import PrefixCacheConfig, run_prefix_ca
 from phasesched.experiments.replay import ReplayConfig, run_replay
 from phasesched.sim.workload import Workload
 from phasesched.slo import SLO
+from phasesched.validators import typed
 
 __all__ = ["EXPERIMENTS", "QUICK_REPLAY_LIMIT", "SUITE", "SuiteOptions", "run_experiment", "suite_names"]
 
@@ -57,6 +58,7 @@ class SuiteOptions:
         trace: The workload a replay serves.
         limit: Replay only the first ``limit`` requests of the trace.
         slo: Goodput's targets in the phase split and the replay (``--slo``), instead of their defaults.
+        replicas: Aggregated workers the replay runs on.
     """
 
     quick: bool = False
@@ -64,6 +66,7 @@ class SuiteOptions:
     trace: Workload | None = None
     limit: int | None = None
     slo: SLO | None = None
+    replicas: int = attrs.field(default=1, validator=typed(attrs.validators.gt(0)))
 
 
 def suite_names(experiment: str | None, options: SuiteOptions) -> tuple[str, ...]:
@@ -115,7 +118,8 @@ def _replay(context: ExperimentContext, options: SuiteOptions) -> ExperimentResu
     limit = options.limit if options.limit is not None or not options.quick else QUICK_REPLAY_LIMIT
     slo = options.slo
     targets = {} if slo is None else {"ttft_slo_s": slo.ttft_s, "tpot_slo_s": slo.tpot_s}
-    return run_replay(context, ReplayConfig(options.trace, rate=options.rate, limit=limit, **targets))
+    config = ReplayConfig(options.trace, rate=options.rate, limit=limit, replicas=options.replicas, **targets)
+    return run_replay(context, config)
 
 
 def _prefix_cache(context: ExperimentContext, options: SuiteOptions) -> ExperimentResult:
