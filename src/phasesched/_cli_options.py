@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import ast
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +35,7 @@ __all__ = [
     "build_deployment",
     "build_policy_options",
     "build_workloads",
+    "coverage_report",
     "key_values",
     "length_dist",
     "parse_slo",
@@ -216,6 +218,21 @@ def build_deployment(args: argparse.Namespace) -> Deployment:
     )
     deployment.kv_pages()
     return deployment
+
+
+def coverage_report(deployment: Deployment) -> dict[str, Any] | None:
+    """A profiled cost model's out-of-grid counts for results.json (``None`` for the roofline); warns on stderr.
+
+    The counts are complete whatever the backend: tasks on other processes report theirs back
+    (:func:`phasesched.experiments.context.map_counting`).
+    """
+    coverage = deployment.cost_model
+    if not isinstance(coverage, GridCoverage):
+        return None
+    warning = coverage.warning()
+    if warning:
+        print(f"phasesched: warning: {warning}", file=sys.stderr)  # noqa: T201 -- the CLI's warnings
+    return {"predictions": coverage.predictions, "outside_grid": coverage.outside, "warning": warning}
 
 
 def _profile_names(metadata: dict[str, str], names: dict[str, str], *, allow: bool, path: Path) -> dict[str, str]:

@@ -19,6 +19,7 @@ from phasesched._cli_options import (
     build_deployment,
     build_policy_options,
     build_workloads,
+    coverage_report,
     parse_slo,
 )
 from phasesched.experiments.context import ExperimentContext, distinct_policies
@@ -119,9 +120,9 @@ def _tune(args: argparse.Namespace) -> int:
         result = run_tune(attrs.evolve(context, progress=ui), workloads, args.slo, space, run)
         ui.table(result)
     figures = _figures(args, result, out_dir, deployment.describe())
-    write_results_json(
-        out_dir / "results.json", _payload(args, context, result, figures, time.perf_counter() - started)
-    )
+    payload = _payload(args, context, result, figures, time.perf_counter() - started)
+    payload["profile_coverage"] = coverage_report(deployment)
+    write_results_json(out_dir / "results.json", payload)
     ui.message(result.recommendation, always=True)
     ui.message(
         f"Results: {out_dir / 'results.json'} ({result.simulations} simulations, {result.wall_s:.1f} s)", always=True

@@ -41,12 +41,12 @@ from phasesched._cli_options import (
     add_workload_options,
     build_deployment,
     build_policy_options,
+    coverage_report,
     key_values,
     parse_slo,
     synthetic_workload,
 )
 from phasesched._cli_tune import add_tune
-from phasesched.costmodel.coverage import GridCoverage
 from phasesched.costmodel.models import model_by_name
 from phasesched.costmodel.profiled import write_profile_csv
 from phasesched.costmodel.profiling import ProfileGrid, profile_executor
@@ -290,14 +290,8 @@ def _bench(args: argparse.Namespace) -> int:
         policies = tuple(dict.fromkeys(n for p in policies for n in (distinct_policies() if p == "all" else (p,))))
     policy_options = build_policy_options(args)
     deployment = build_deployment(args)
-    coverage = deployment.cost_model if isinstance(deployment.cost_model, GridCoverage) else None
     context = ExperimentContext(
-        deployment,
-        policies,
-        args.seed,
-        policy_options=policy_options,
-        backend="serial" if coverage is not None else args.backend,  # so out-of-grid predictions are counted here
-        workers=args.workers,
+        deployment, policies, args.seed, policy_options=policy_options, backend=args.backend, workers=args.workers
     )
     context.check_policies()  # everything that can fail on bad input fails before the first run
     plots = _can_plot(args.no_plots)
@@ -323,14 +317,9 @@ def _bench(args: argparse.Namespace) -> int:
     if mixed is not None and verdict is not None and args.slo is not None:
         verdict = attrs.evolve(verdict, text=verdict.text + slo_line(verdict, args.slo, mixed.rows))
     payload = _payload(args, context, results, verdict=verdict, figures=figures, wall_s=wall_s)
+    coverage = coverage_report(deployment)
     if coverage is not None:
-        payload["settings"]["profile_coverage"] = {
-            "predictions": coverage.predictions,
-            "outside_grid": coverage.outside,
-            "warning": coverage.warning(),
-        }
-        if coverage.warning():
-            print(f"phasesched: warning: {coverage.warning()}", file=sys.stderr)  # noqa: T201 -- the CLI's warnings
+        payload["settings"]["profile_coverage"] = coverage
     write_results_json(out_dir / "results.json", payload)
     _summary(ui, verdict, figures, out_dir, wall_s)
     return 0
