@@ -41,7 +41,7 @@ def rows(folder: Path) -> list[dict[str, Any]]:
 
 class TestSyntheticWorkloads:
     def test_the_cli_serves_what_the_api_builds(self, tmp_path: Path) -> None:
-        """Gamma arrivals at a rate, log-normal prompts, uniform outputs, N requests: the same rows as the Python API."""
+        """Gamma arrivals at a rate, log-normal prompts, uniform outputs, N requests: the Python API's rows."""
         deployed = ["--tp", "2", "--replicas", "2", "--gpu-memory-utilization", "0.8", "--watermark", "0.02"]
         knobs = ["--chunk-size", "1024", "--token-budget", "2048", "--max-num-seqs", "32"]
         assert main([*SYNTHETIC, *deployed, *knobs, "--output", str(tmp_path)]) == 0
@@ -154,4 +154,3 @@ class TestUsage:
         """A workload the options cannot describe is a usage error that says why."""
         assert main(argv) == 2
         assert says in capsys.readouterr().err
-

@@ -60,6 +60,7 @@ from phasesched.parallel import BACKENDS
 from phasesched.report import MissingExtraError, TerminalUI, require_plotting, write_figures, write_results_json
 from phasesched.sim.trace_stats import trace_stats
 from phasesched.sim.traces import load_trace
+from phasesched.sim.workload import Workload
 
 __all__ = ["EXPERIMENTS", "build_parser", "main"]
 
@@ -339,10 +340,11 @@ def _can_plot(no_plots: bool) -> bool:
 
 def _suite_options(args: argparse.Namespace) -> SuiteOptions:
     """What the suite needs beyond the context; the trace is read (and checked) before anything runs."""
+    trace: Workload | None = None
     if args.arrivals is not None:
         trace = synthetic_workload(args, args.limit or 400, args.rate, args.seed)
-    else:
-        trace = load_trace(args.trace, spread_ticks=args.spread_ticks) if args.trace is not None else None
+    elif args.trace is not None:
+        trace = load_trace(args.trace, spread_ticks=args.spread_ticks)
     return SuiteOptions(
         quick=args.quick, rate=args.rate, trace=trace, limit=args.limit, slo=args.slo, replicas=args.replicas
     )
