@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import ast
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -30,12 +31,16 @@ from phasesched.slo import SLO
 
 __all__ = [
     "add_deployment_options",
+    "add_policy_options",
     "add_workload_options",
     "build_deployment",
+    "build_policy_options",
     "build_workloads",
+    "coverage_report",
     "key_values",
     "length_dist",
     "parse_slo",
+    "synthetic_workload",
 ]
 
 
@@ -90,13 +95,18 @@ def length_dist(text: str) -> LengthDist:
     raise argparse.ArgumentTypeError(msg)
 
 
-def add_workload_options(parser: argparse.ArgumentParser) -> None:
-    """A trace, or a synthetic open-loop workload."""
+def add_workload_options(parser: argparse.ArgumentParser, *, arrivals: str | None, limit_help: str) -> None:
+    """A trace, or a synthetic open loop (``arrivals``: the default arrival process; ``None``: only when asked for)."""
     group = parser.add_argument_group("workload (a trace, or a synthetic open loop)")
     group.add_argument("--trace", type=Path, metavar="FILE", help="a trace (azure, mooncake, csv, jsonl)")
     group.add_argument("--spread-ticks", action="store_true", help="spread trace requests that share a timestamp")
-    group.add_argument("--limit", type=int, metavar="N", help="requests per run (a trace's first N; default 400)")
-    group.add_argument("--arrivals", choices=("poisson", "gamma"), default="poisson", help="synthetic arrivals")
+    group.add_argument("--limit", "--requests", type=_positive_int, metavar="N", help=limit_help)
+    group.add_argument(
+        "--arrivals",
+        choices=("poisson", "gamma"),
+        default=arrivals,
+        help=f"synthetic open-loop arrivals (default {arrivals or 'none: a trace'})",
+    )
     group.add_argument("--cv", type=float, default=2.0, help="gamma arrivals' coefficient of variation (default 2)")
     group.add_argument(
         "--prompt-len",
@@ -112,7 +122,56 @@ def add_workload_options(parser: argparse.ArgumentParser) -> None:
         metavar="DIST",
         help="synthetic output lengths (same forms; trace:FILE:output samples a trace's)",
     )
-    group.add_argument("--seeds", type=int, default=1, metavar="N", help="workload seeds (the first is searched)")
+
+
+def add_policy_options(parser: argparse.ArgumentParser, *, knobs: bool) -> None:
+    """``--policy-option`` and, with ``knobs``, its common fields as flags of their own."""
+    group = parser.add_argument_group("policy options (for every policy)")
+    group.add_argument(
+        "--policy-option",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a PolicyOptions field for every policy (repeatable), e.g. chunk_size=1024 or max_num_seqs=128",
+    )
+    group.add_argument("--max-num-seqs", type=_positive_int, metavar="N", help="sequences a step may carry")
+    if knobs:
+        group.add_argument("--chunk-size", type=_positive_int, metavar="N", help="prefill chunk (tokens)")
+        group.add_argument(
+            "--token-budget", type=_positive_int, metavar="N", help="tokens per step (max_num_batched_tokens)"
+        )
+
+
+_KNOBS = {"max_num_seqs": "max_num_seqs", "chunk_size": "chunk_size", "token_budget": "max_num_batched_tokens"}
+
+
+def build_policy_options(args: argparse.Namespace) -> dict[str, Any]:
+    """``--policy-option`` pairs plus the flags of :func:`add_policy_options`.
+
+    Raises:
+        InvalidArgumentError: A flag and a ``--policy-option`` set one field to two values.
+    """
+    out = key_values(args.policy_option, "--policy-option")
+    for flag, field in _KNOBS.items():
+        value = getattr(args, flag, None)
+        if value is None:
+            continue
+        if out.get(field, value) != value:
+            msg = f"--{flag.replace('_', '-')} {value} and --policy-option {field}={out[field]!r} disagree"
+            raise InvalidArgumentError(msg)
+        out[field] = value
+    return out
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value <= 0:
+        msg = f"expected a positive int, got {text!r}"
+        raise argparse.ArgumentTypeError(msg)
+    return value
 
 
 def add_deployment_options(parser: argparse.ArgumentParser) -> None:
@@ -164,6 +223,21 @@ def build_deployment(args: argparse.Namespace) -> Deployment:
     return deployment
 
 
+def coverage_report(deployment: Deployment) -> dict[str, Any] | None:
+    """A profiled cost model's out-of-grid counts for results.json (``None`` for the roofline); warns on stderr.
+
+    The counts are complete whatever the backend: tasks on other processes report theirs back
+    (:func:`phasesched.experiments.context.map_counting`).
+    """
+    coverage = deployment.cost_model
+    if not isinstance(coverage, GridCoverage):
+        return None
+    warning = coverage.warning()
+    if warning:
+        print(f"phasesched: warning: {warning}", file=sys.stderr)  # noqa: T201 -- the CLI's warnings
+    return {"predictions": coverage.predictions, "outside_grid": coverage.outside, "warning": warning}
+
+
 def _profile_names(metadata: dict[str, str], names: dict[str, str], *, allow: bool, path: Path) -> dict[str, str]:
     """The deployment's names, checked against the profile's recorded ones."""
     recorded = {"hardware": metadata.get("hardware") or metadata.get("device"), "model": metadata.get("model")}
@@ -180,6 +254,13 @@ def _profile_names(metadata: dict[str, str], names: dict[str, str], *, allow: bo
     return {**names, **differ}
 
 
+def synthetic_workload(args: argparse.Namespace, count: int, rate: float, seed: int) -> Workload:
+    """``count`` requests of the synthetic open loop the options describe, at ``rate`` req/s."""
+    arrivals: ArrivalProcess = Gamma(rate, args.cv) if args.arrivals == "gamma" else Poisson(rate)
+    shape = f"{args.arrivals}{f'(cv={args.cv:g})' if args.arrivals == 'gamma' else ''}"
+    return synthetic(count, arrivals, args.prompt_len, args.output_len, seed=seed, name=f"{shape}-n{count}-seed{seed}")
+
+
 def build_workloads(args: argparse.Namespace) -> list[Workload]:
     """One workload per seed: windows of the trace one after another, or synthetic draws."""
     count = args.limit or 400
@@ -187,8 +268,7 @@ def build_workloads(args: argparse.Namespace) -> list[Workload]:
         msg = "--seeds must be >= 1 and --limit >= 2"
         raise InvalidArgumentError(msg)
     if args.trace is None:
-        arrivals: ArrivalProcess = Gamma(1.0, args.cv) if args.arrivals == "gamma" else Poisson(1.0)
-        return [synthetic(count, arrivals, args.prompt_len, args.output_len, seed=seed) for seed in range(args.seeds)]
+        return [synthetic_workload(args, count, 1.0, seed) for seed in range(args.seeds)]
     trace = load_trace(args.trace, spread_ticks=args.spread_ticks)
     out = []
     for seed in range(args.seeds):

@@ -14,10 +14,12 @@ import attrs
 from phasesched import __version__
 from phasesched._cli_options import (
     add_deployment_options,
+    add_policy_options,
     add_workload_options,
     build_deployment,
+    build_policy_options,
     build_workloads,
-    key_values,
+    coverage_report,
     parse_slo,
 )
 from phasesched.experiments.context import ExperimentContext, distinct_policies
@@ -75,12 +77,13 @@ def add_tune(commands: Any) -> None:
         help="grid: every candidate; optuna: a TPE study picks --trials of them (the [tune] extra)",
     )
     search.add_argument("--trials", type=int, default=32, help="Optuna trials (default 32)")
-    search.add_argument("--policy-option", action="append", default=[], metavar="KEY=VALUE", help="for every policy")
     bisect = tune.add_argument_group("capacity search")
     bisect.add_argument("--tolerance", type=float, default=0.05, help="bisection stops within this share (0.05)")
     bisect.add_argument("--max-probes", type=int, default=10, help="simulations per configuration at most")
     bisect.add_argument("--start-rate", type=float, default=2.0, help="first rate tried, req/s per worker")
-    add_workload_options(tune)
+    add_policy_options(tune, knobs=False)  # chunk and budget are searched (--chunks, --token-budgets)
+    add_workload_options(tune, arrivals="poisson", limit_help="requests per run (a trace's first N; default 400)")
+    tune.add_argument("--seeds", type=int, default=1, metavar="N", help="workload seeds (the first is searched)")
     add_deployment_options(tune)
     running = tune.add_argument_group("running")
     running.add_argument("--backend", choices=BACKENDS, default="process", help="where simulations run")
@@ -96,7 +99,7 @@ def _tune(args: argparse.Namespace) -> int:
     """Check everything, search, show the table and the recommendation, write results."""
     deployment = build_deployment(args)
     policies = tuple(n.strip() for group in args.policy or [] for n in group.split(",") if n.strip())
-    context = ExperimentContext(deployment, policies or distinct_policies(), policy_options=_options(args))
+    context = ExperimentContext(deployment, policies or distinct_policies(), policy_options=build_policy_options(args))
     context.check_policies()
     workloads = build_workloads(args)
     space = SearchSpace(
@@ -117,18 +120,14 @@ def _tune(args: argparse.Namespace) -> int:
         result = run_tune(attrs.evolve(context, progress=ui), workloads, args.slo, space, run)
         ui.table(result)
     figures = _figures(args, result, out_dir, deployment.describe())
-    write_results_json(
-        out_dir / "results.json", _payload(args, context, result, figures, time.perf_counter() - started)
-    )
+    payload = _payload(args, context, result, figures, time.perf_counter() - started)
+    payload["profile_coverage"] = coverage_report(deployment)
+    write_results_json(out_dir / "results.json", payload)
     ui.message(result.recommendation, always=True)
     ui.message(
         f"Results: {out_dir / 'results.json'} ({result.simulations} simulations, {result.wall_s:.1f} s)", always=True
     )
     return 0
-
-
-def _options(args: argparse.Namespace) -> dict[str, Any]:
-    return key_values(args.policy_option, "--policy-option")
 
 
 def _figures(args: argparse.Namespace, result: TuneResult, out_dir: Path, subtitle: str) -> list[Path]:

@@ -36,10 +36,19 @@ from typing import Any
 import attrs
 
 from phasesched import EXECUTORS, POLICIES, __version__
-from phasesched._cli_options import add_deployment_options, build_deployment, key_values, parse_slo
+from phasesched._cli_options import (
+    add_deployment_options,
+    add_policy_options,
+    add_workload_options,
+    build_deployment,
+    build_policy_options,
+    coverage_report,
+    key_values,
+    parse_slo,
+    synthetic_workload,
+)
 from phasesched._cli_tune import add_tune
 from phasesched.costmodel.batching import METADATA_KEY, RAGGED
-from phasesched.costmodel.coverage import GridCoverage
 from phasesched.costmodel.models import model_by_name
 from phasesched.costmodel.profiled import write_profile_csv
 from phasesched.costmodel.profiling import ProfileGrid, Profiler
@@ -53,6 +62,7 @@ from phasesched.parallel import BACKENDS
 from phasesched.report import MissingExtraError, TerminalUI, require_plotting, write_figures, write_results_json
 from phasesched.sim.trace_stats import trace_stats
 from phasesched.sim.traces import load_trace
+from phasesched.sim.workload import Workload
 
 __all__ = ["EXPERIMENTS", "build_parser", "main"]
 
@@ -85,13 +95,23 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _usage_problem(args: argparse.Namespace) -> str | None:
     """A usage error argparse cannot express by itself, or ``None``."""
-    if args.command == "bench" and args.experiment == "replay" and args.trace is None:
-        return "bench replay needs --trace FILE"
+    if args.command == "bench":
+        return _bench_usage_problem(args)
     if args.command == "profile" and args.action == "import-vidur":
         missing = [f"--{k}" for k in ("mlp", "attention", "model", "hardware") if getattr(args, k) is None]
         return f"profile import-vidur needs {', '.join(missing)}" if missing else None
     if args.command == "profile" and args.executor is None:
         return "profile needs --executor NAME (or the import-vidur action)"
+    return None
+
+
+def _bench_usage_problem(args: argparse.Namespace) -> str | None:
+    if args.trace is not None and args.arrivals is not None:
+        return "give --trace FILE or a synthetic workload (--arrivals), not both"
+    if args.arrivals is not None and args.rate is None:
+        return "a synthetic workload (--arrivals) needs --rate R"
+    if args.experiment == "replay" and args.trace is None and args.arrivals is None:
+        return "bench replay needs --trace FILE or a synthetic workload (--arrivals poisson|gamma --rate R)"
     return None
 
 
@@ -169,20 +189,19 @@ def _add_bench(commands: Any) -> None:
         help="e.g. ttft=500ms,tpot=50ms,itl_p99=100ms: goodput's targets in the phase split and replay, "
         "and what the verdicts are judged against",
     )
-    bench.add_argument(
-        "--policy-option",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="a PolicyOptions field for every policy (repeatable), e.g. chunk_size=1024 or max_num_seqs=128",
+    add_policy_options(bench, knobs=True)
+    add_workload_options(
+        bench,
+        arrivals=None,
+        limit_help="replay a trace's first N requests, or N synthetic ones (default: the whole trace; 400 synthetic)",
     )
-    bench.add_argument("--trace", type=Path, metavar="FILE", help="a trace to replay (azure, mooncake, csv, jsonl)")
-    bench.add_argument("--rate", type=_positive(float), help="req/s: the replay's rate and the phase split's")
-    bench.add_argument("--limit", type=_positive(int), metavar="N", help="replay only the first N requests")
     bench.add_argument(
-        "--spread-ticks",
-        action="store_true",
-        help="spread trace requests that share a timestamp over the gap to the next (Mooncake's 3 s grid)",
+        "--rate",
+        type=_positive(float),
+        help="req/s: the replay's rate (a trace rescaled, or the synthetic arrivals') and the phase split's",
+    )
+    bench.add_argument(
+        "--replicas", type=_positive(int), default=1, help="aggregated workers the replay runs on (default 1)"
     )
     bench.add_argument("--seed", type=int, default=0, help="seed of every random workload (default 0)")
     bench.add_argument("--output", type=Path, metavar="DIR", help="output folder (default bench-results/<timestamp>)")
@@ -279,16 +298,10 @@ def _bench(args: argparse.Namespace) -> int:
     policies = tuple(name for group in args.policy or () for name in group)
     if "all" in policies:  # every registered policy, less aliases, in place of "all"
         policies = tuple(dict.fromkeys(n for p in policies for n in (distinct_policies() if p == "all" else (p,))))
-    policy_options = key_values(args.policy_option, "--policy-option")
+    policy_options = build_policy_options(args)
     deployment = build_deployment(args)
-    coverage = deployment.cost_model if isinstance(deployment.cost_model, GridCoverage) else None
     context = ExperimentContext(
-        deployment,
-        policies,
-        args.seed,
-        policy_options=policy_options,
-        backend="serial" if coverage is not None else args.backend,  # so out-of-grid predictions are counted here
-        workers=args.workers,
+        deployment, policies, args.seed, policy_options=policy_options, backend=args.backend, workers=args.workers
     )
     context.check_policies()  # everything that can fail on bad input fails before the first run
     plots = _can_plot(args.no_plots)
@@ -314,14 +327,9 @@ def _bench(args: argparse.Namespace) -> int:
     if mixed is not None and verdict is not None and args.slo is not None:
         verdict = attrs.evolve(verdict, text=verdict.text + slo_line(verdict, args.slo, mixed.rows))
     payload = _payload(args, context, results, verdict=verdict, figures=figures, wall_s=wall_s)
+    coverage = coverage_report(deployment)
     if coverage is not None:
-        payload["settings"]["profile_coverage"] = {
-            "predictions": coverage.predictions,
-            "outside_grid": coverage.outside,
-            "warning": coverage.warning(),
-        }
-        if coverage.warning():
-            print(f"phasesched: warning: {coverage.warning()}", file=sys.stderr)  # noqa: T201 -- the CLI's warnings
+        payload["settings"]["profile_coverage"] = coverage
     write_results_json(out_dir / "results.json", payload)
     _summary(ui, verdict, figures, out_dir, wall_s)
     return 0
@@ -341,8 +349,14 @@ def _can_plot(no_plots: bool) -> bool:
 
 def _suite_options(args: argparse.Namespace) -> SuiteOptions:
     """What the suite needs beyond the context; the trace is read (and checked) before anything runs."""
-    trace = load_trace(args.trace, spread_ticks=args.spread_ticks) if args.trace is not None else None
-    return SuiteOptions(quick=args.quick, rate=args.rate, trace=trace, limit=args.limit, slo=args.slo)
+    trace: Workload | None = None
+    if args.arrivals is not None:
+        trace = synthetic_workload(args, args.limit or 400, args.rate, args.seed)
+    elif args.trace is not None:
+        trace = load_trace(args.trace, spread_ticks=args.spread_ticks)
+    return SuiteOptions(
+        quick=args.quick, rate=args.rate, trace=trace, limit=args.limit, slo=args.slo, replicas=args.replicas
+    )
 
 
 def _payload(  # noqa: PLR0913 -- the parts of one results file
@@ -375,12 +389,26 @@ def _payload(  # noqa: PLR0913 -- the parts of one results file
             "trace": str(args.trace) if args.trace else None,
             "limit": args.limit,
             "spread_ticks": args.spread_ticks,
+            "synthetic": None if args.arrivals is None else _synthetic_settings(args),
+            "replicas": args.replicas,
         },
         "experiments": {r.name: {**r.to_dict(), "wall_s": r.wall_s} for r in results},
         "verdict": verdict.to_dict() if verdict is not None else None,
         "conclusions": {r.name: text for r in results if (text := conclusion(r)) is not None},
         "figures": [p.name for p in figures],
         "wall_s": wall_s,
+    }
+
+
+def _synthetic_settings(args: argparse.Namespace) -> dict[str, Any]:
+    """The synthetic workload's recipe, as results.json records it."""
+    return {
+        "arrivals": args.arrivals,
+        "cv": args.cv if args.arrivals == "gamma" else None,
+        "rate": args.rate,
+        "requests": args.limit or 400,
+        "prompt_len": repr(args.prompt_len),
+        "output_len": repr(args.output_len),
     }
 
 

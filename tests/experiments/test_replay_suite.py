@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from phasesched import cli
+from phasesched.errors import InvalidArgumentError
 from phasesched.experiments import ExperimentContext, ReplayConfig, run_replay
 from phasesched.experiments.replay import DEFAULT_POLICIES, prepare_trace
 from phasesched.experiments.suite import (
@@ -154,3 +155,33 @@ class TestSuite:
         assert result.rows
         for column in result.columns:
             assert all(column.key in row for row in result.rows), column.key
+
+    @pytest.mark.parametrize("name", SUITE)
+    def test_process_pool_equals_serial(self, name: str) -> None:
+        """Every suite experiment gives the same results on two processes as in one (plain bench uses the pool)."""
+        serial = run_experiment(name, ExperimentContext(backend="serial"), SuiteOptions(quick=True))
+        pooled = run_experiment(name, ExperimentContext(backend="process", workers=2), SuiteOptions(quick=True))
+        assert pooled.to_dict() == serial.to_dict()
+
+
+class TestMapOrder:
+    def test_costliest_first_keeps_input_order(self) -> None:
+        """Costs change the order tasks start in, never the order results come back in."""
+        context = ExperimentContext(backend="process", workers=2)
+        started: list[int] = []
+        context_serial = ExperimentContext(backend="serial")
+        args = [(i, 3) for i in range(6)]
+        assert context.map("t", pow, args, costs=[1, 5, 2, 9, 0, 3]) == [i**3 for i in range(6)]
+        out = context_serial.map("t", _record, [(i, started) for i in range(4)], costs=[1, 4, 2, 3])
+        assert out == [0, 1, 2, 3]
+        assert started == [1, 3, 2, 0]
+
+    def test_one_cost_per_task(self) -> None:
+        """A cost list of the wrong length is a typed error."""
+        with pytest.raises(InvalidArgumentError, match="2 costs for 3 tasks"):
+            ExperimentContext(backend="serial").map("t", pow, [(1, 1)] * 3, costs=[1, 2])
+
+
+def _record(i: int, started: list[int]) -> int:
+    started.append(i)
+    return i

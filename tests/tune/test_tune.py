@@ -7,10 +7,13 @@ import json
 from pathlib import Path
 from typing import Any
 
+import attrs
+import numpy as np
 import pytest
 
 from phasesched.cli import main
-from phasesched.costmodel import ProfilePoint, write_profile_csv
+from phasesched.costmodel import ProfiledCostModel, ProfilePoint, write_profile_csv
+from phasesched.costmodel.coverage import GridCoverage
 from phasesched.errors import InvalidArgumentError
 from phasesched.experiments.context import ExperimentContext
 from phasesched.parallel import map_tasks
@@ -236,3 +239,57 @@ class TestOptuna:
         assert 1 <= len(first.rows) <= 6
         assert first.rows == second.rows
         assert first.recommendation.startswith("Recommendation:")
+
+
+class TestOutOfGridCountsFromWorkers:
+    """Tasks on other processes report their out-of-grid predictions back, exactly as a serial run counts them."""
+
+    def _coverage(self) -> GridCoverage:
+        points = [ProfilePoint(p, 0, d, c, 1e-3 + 1e-6 * p + 1e-5 * d) for p in (0, 512) for d in (0, 8) for c in (64,)]
+        return GridCoverage(ProfiledCostModel(points))
+
+    def _context(self) -> ExperimentContext:
+        deployment = Deployment(hardware="cpu", model="tiny", cost_model=self._coverage(), num_pages=4096)
+        return ExperimentContext(deployment, ("vllm", "sarathi"))
+
+    def test_tune_counts_the_same_on_a_pool(self) -> None:
+        """run_tune on two processes leaves the same counts (and maxima) as on one, and they are not zero."""
+        space = SearchSpace(("vllm", "sarathi"), chunks=(256,), disaggregated=False)
+        config = CapacityConfig(start_rate=4.0, tolerance=0.25, max_probes=3)
+        counts = []
+        for run in (TuneRun(2, config, backend="serial"), TuneRun(2, config, backend="process", workers=2)):
+            context = self._context()
+            result = run_tune(context, [WORKLOAD], SLO_, space, run)
+            coverage = context.deployment.cost_model
+            assert isinstance(coverage, GridCoverage)
+            counts.append((coverage.predictions, coverage.outside, coverage.seen_max.tolist(), result.rows))
+        assert counts[0] == counts[1]
+        assert counts[0][1] > 0
+
+    def test_map_counting_adds_once_in_process(self) -> None:
+        """A task run in this process (one worker, or serial) is not counted twice."""
+        for backend in ("serial", "process"):
+            context = attrs.evolve(self._context(), backend=backend, workers=1)
+            context.map("t", _price, [(context.detached(), 4096)] * 3)
+            coverage = context.deployment.cost_model
+            assert isinstance(coverage, GridCoverage)
+            assert (coverage.predictions, coverage.outside) == (3, 3)
+
+    def test_tune_cli_warns_on_a_pool(self, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+        """phasesched tune with a profile and two processes warns and records the counts, as bench does."""
+        profile = tmp_path / "profile.csv"
+        points = [ProfilePoint(p, 0, d, 64, 1e-3 + 1e-6 * p + 1e-5 * d) for p in (0, 512) for d in (0, 8)]
+        write_profile_csv(profile, points, {"executor": "torch", "model": "tiny", "device": "cpu"})
+        argv = [
+            "tune", "--gpus", "1", "--policy", "vllm", "--chunks", "512", "--limit", "20", "--no-split",
+            "--max-probes", "2", "--cost-model", str(profile), "--allow-profile-mismatch", "--num-pages", "4096",
+            "--backend", "process", "--workers", "2", "--no-plots", "--quiet", "--output", str(tmp_path / "out"),
+        ]  # fmt: skip
+        assert main(argv) == 0
+        assert "fell outside the profiled grid" in capsys.readouterr().err
+        coverage = json.loads((tmp_path / "out" / "results.json").read_text())["profile_coverage"]
+        assert coverage["outside_grid"] > 0
+
+
+def _price(context: ExperimentContext, tokens: int) -> float:
+    return context.cost_model().step_time(np.array([tokens]), np.array([tokens]))

@@ -12,7 +12,7 @@ experiment exactly as a preset does.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, Protocol
 
 import attrs
@@ -20,7 +20,9 @@ import numpy as np
 from numpy.typing import NDArray
 
 from phasesched import POLICIES, PolicyOptions, SchedulingPolicy, load_policy
+from phasesched.costmodel.coverage import GridCoverage
 from phasesched.costmodel.protocol import CostModel
+from phasesched.errors import InvalidArgumentError
 from phasesched.metrics.summary import RunMetrics
 from phasesched.parallel import Backend, map_tasks
 from phasesched.sim.deployment import Deployment
@@ -34,9 +36,11 @@ __all__ = [
     "ExperimentResult",
     "ProgressHook",
     "Row",
+    "coverage_of",
     "distinct_policies",
     "json_object",
     "jsonable",
+    "map_counting",
     "ms",
     "output_losses",
     "quantiles_ms",
@@ -167,19 +171,39 @@ class ExperimentContext:
         """The user's policies, or ``default`` (``None``: :func:`distinct_policies`) when none were given."""
         return self.policies or (default if default is not None else distinct_policies())
 
-    def map(self, task: str, function: Any, arguments: Sequence[tuple[Any, ...]]) -> list[Any]:
+    def map(
+        self,
+        task: str,
+        function: Any,
+        arguments: Sequence[tuple[Any, ...]],
+        costs: Sequence[float] | None = None,
+    ) -> list[Any]:
         """``[function(*a) for a in arguments]`` on the context's ``backend``, reporting progress as ``task``.
 
         ``function`` must be a module-level function; pass it :meth:`detached` rather than
-        this context, since the progress hook stays in this process.
+        this context, since the progress hook stays in this process. ``costs`` (one rough
+        estimate per task, any unit) starts the costliest tasks first, so a pool does not end
+        with one worker finishing a long task while the others idle; results still come back
+        in input order, and are the same whatever the order.
         """
-        return map_tasks(
+        order = list(range(len(arguments)))
+        if costs is not None:
+            if len(costs) != len(arguments):
+                msg = f"{len(costs)} costs for {len(arguments)} tasks"
+                raise InvalidArgumentError(msg)
+            order.sort(key=lambda i: -costs[i])
+        results = map_counting(
             function,
-            arguments,
+            [arguments[i] for i in order],
+            coverage_of(self),
             backend=self.backend,
             workers=self.workers,
             progress=lambda done, total: self.report(task, done, total),
         )
+        out: list[Any] = [None] * len(arguments)
+        for i, result in zip(order, results, strict=True):
+            out[i] = result
+        return out
 
     def detached(self) -> ExperimentContext:
         """The context without its progress hook: what a task in another process gets."""
@@ -213,6 +237,51 @@ class ExperimentContext:
         """Forward progress to the hook, if there is one."""
         if self.progress is not None:
             self.progress(task, completed, total)
+
+
+def coverage_of(context: ExperimentContext) -> GridCoverage | None:
+    """The context's profiled cost model if it counts out-of-grid predictions, else ``None``."""
+    model = context.deployment.cost_model
+    return model if isinstance(model, GridCoverage) else None
+
+
+def map_counting(
+    function: Callable[..., Any], arguments: Sequence[tuple[Any, ...]], coverage: GridCoverage | None, **how: Any
+) -> list[Any]:
+    """:func:`~phasesched.parallel.map_tasks`, with the out-of-grid predictions every task makes added to ``coverage``.
+
+    A task on another process or Ray worker prices its steps with its own copy of the cost
+    model, so its counts would stay there. Each task here reports what it counted (its copy's
+    counts after the task less those before) and the counts are added up in this process, in
+    input order, so ``coverage`` ends exactly as a serial run leaves it, whatever the backend.
+    ``how`` is :func:`~phasesched.parallel.map_tasks`' keyword arguments. ``coverage`` must be
+    the object the tasks' arguments price with (the context's ``deployment.cost_model``).
+    """
+    if coverage is None:
+        return map_tasks(function, arguments, **how)
+    outcomes = map_tasks(_counted, [((function, args, coverage),) for args in arguments], **how)
+    for _, (predictions, outside, seen_max) in outcomes:
+        coverage.predictions += predictions
+        coverage.outside += outside
+        coverage.seen_max = np.maximum(coverage.seen_max, seen_max)
+    return [result for result, _ in outcomes]
+
+
+def _counted(
+    bundle: tuple[Callable[..., Any], tuple[Any, ...], GridCoverage],
+) -> tuple[Any, tuple[int, int, NDArray[np.float64]]]:
+    """Run one task and return its result with the predictions it counted, leaving the counts as they were.
+
+    The function, its arguments and the coverage travel as one value, so the coverage a worker
+    unpickles is the object the arguments price with. The counts are put back after the task:
+    when the task ran in this process, :func:`map_counting` adds them once, not twice.
+    """
+    function, args, coverage = bundle
+    before = (coverage.predictions, coverage.outside, coverage.seen_max.copy())
+    result = function(*args)
+    counted = (coverage.predictions - before[0], coverage.outside - before[1], coverage.seen_max.copy())
+    coverage.predictions, coverage.outside, coverage.seen_max = before
+    return result, counted
 
 
 def output_losses(metrics: RunMetrics) -> Row:

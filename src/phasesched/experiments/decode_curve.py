@@ -122,19 +122,21 @@ def run_decode_curve(context: ExperimentContext, config: DecodeCurveConfig | Non
     config = config or DecodeCurveConfig()
     started = time.perf_counter()
     policies = context.policy_names(("vllm",))
-    total = len(policies) * len(config.active)
-    rows: list[Row] = []
-    for name in policies:
-        for active in config.active:
-            policy = context.load(name, max_num_seqs=active)
-            workload = fixed(active, config.prompt_len, config.output_len)
-            metrics = simulate(workload, policy, context.deployment, keep_requests=True, keep_gaps=True).metrics
-            assert metrics.requests is not None
-            assert metrics.gaps is not None
-            row: Row = {"policy": name, "active": active}
-            row.update(_steady_row(metrics.requests, metrics.gaps, active))
-            row["last_ttft_ms"] = metrics["max_ttft_ms"]
-            row.update(output_losses(metrics))
-            rows.append(row)
-            context.report("decode curve", len(rows), total)
+    detached = context.detached()
+    tasks = [(detached, name, active, config) for name in policies for active in config.active]
+    rows = context.map("decode curve", _point, tasks, costs=[active for _, _, active, _ in tasks])
     return DecodeCurveResult(config, policies, tuple(rows), time.perf_counter() - started)
+
+
+def _point(context: ExperimentContext, name: str, active: int, config: DecodeCurveConfig) -> Row:
+    """One policy with ``active`` sequences (a task for :meth:`ExperimentContext.map`)."""
+    policy = context.load(name, max_num_seqs=active)
+    workload = fixed(active, config.prompt_len, config.output_len)
+    metrics = simulate(workload, policy, context.deployment, keep_requests=True, keep_gaps=True).metrics
+    assert metrics.requests is not None
+    assert metrics.gaps is not None
+    row: Row = {"policy": name, "active": active}
+    row.update(_steady_row(metrics.requests, metrics.gaps, active))
+    row["last_ttft_ms"] = metrics["max_ttft_ms"]
+    row.update(output_losses(metrics))
+    return row

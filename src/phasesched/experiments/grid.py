@@ -37,15 +37,16 @@ class GridConfig:
         outputs: Output lengths (32, 256, 1K).
         concurrency: Clients in the closed loop (1, 8, 32: one stream, a moderate batch, a
             busy one; 128 would add little the decode curve does not show, at twice the cost).
-        requests_per_client: Requests per client at each point, so every client sends several
-            in turn (at least ``min_requests`` in all).
+        requests_per_client: Requests per client at each point, so every client sends a second
+            one after its first (at least ``min_requests`` in all; 2: the 16K-prompt cells with
+            32 clients are the grid's costliest, and cost grows with this count).
         min_requests: The fewest requests at a point.
     """
 
     prompts: tuple[int, ...] = attrs.field(default=(128, 1024, 4096, 16384), converter=_ints)
     outputs: tuple[int, ...] = attrs.field(default=(32, 256, 1024), converter=_ints)
     concurrency: tuple[int, ...] = attrs.field(default=(1, 8, 32), converter=_ints)
-    requests_per_client: int = attrs.field(default=4, validator=typed(attrs.validators.gt(0)))
+    requests_per_client: int = attrs.field(default=2, validator=typed(attrs.validators.gt(0)))
     min_requests: int = attrs.field(default=8, validator=typed(attrs.validators.gt(0)))
 
     @classmethod
@@ -121,7 +122,9 @@ def run_grid(context: ExperimentContext, config: GridConfig | None = None) -> Gr
     policies = context.policy_names(REPRESENTATIVE_POLICIES)
     detached = context.detached()
     tasks = [(detached, name, point, config) for name in policies for point in config.points()]
-    rows = context.map("grid", _cell, tasks)
+    # Prefill steps dominate a cell's cost: the long-prompt, many-client cells start first.
+    costs = [config.num_requests(point) * point.prompt_len for _, _, point, _ in tasks]
+    rows = context.map("grid", _cell, tasks, costs)
     return GridResult(config, policies, tuple(rows), time.perf_counter() - started)
 
 

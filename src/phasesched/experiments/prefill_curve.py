@@ -108,23 +108,21 @@ def run_prefill_curve(context: ExperimentContext, config: PrefillCurveConfig | N
         raise InvalidArgumentError(msg)
     started = time.perf_counter()
     policies = context.policy_names()
-    total = len(policies) * len(config.prompt_lens)
-    rows: list[Row] = []
-    for name in policies:
-        policy = context.load(name)
-        for prompt_len in config.prompt_lens:
-            workload = fixed(config.batch_size, prompt_len, 1)
-            metrics = simulate(workload, policy, context.deployment).metrics
-            rows.append(
-                {
-                    "policy": name,
-                    "prompt_len": prompt_len,
-                    "batch": config.batch_size,
-                    "first_ttft_ms": ms(metrics.distributions["ttft"].min),
-                    "mean_ttft_ms": metrics["mean_ttft_ms"],
-                    "max_ttft_ms": metrics["max_ttft_ms"],
-                    "prefill_tok_s": metrics["input_throughput"],
-                }
-            )
-            context.report("prefill curve", len(rows), total)
+    detached = context.detached()
+    tasks = [(detached, name, n, config.batch_size) for name in policies for n in config.prompt_lens]
+    rows = context.map("prefill curve", _point, tasks, costs=[n for _, _, n, _ in tasks])
     return PrefillCurveResult(config, policies, tuple(rows), time.perf_counter() - started)
+
+
+def _point(context: ExperimentContext, name: str, prompt_len: int, batch_size: int) -> Row:
+    """One policy at one prompt length (a task for :meth:`ExperimentContext.map`)."""
+    metrics = simulate(fixed(batch_size, prompt_len, 1), context.load(name), context.deployment).metrics
+    return {
+        "policy": name,
+        "prompt_len": prompt_len,
+        "batch": batch_size,
+        "first_ttft_ms": ms(metrics.distributions["ttft"].min),
+        "mean_ttft_ms": metrics["mean_ttft_ms"],
+        "max_ttft_ms": metrics["max_ttft_ms"],
+        "prefill_tok_s": metrics["input_throughput"],
+    }

@@ -38,6 +38,7 @@ class ReplayConfig:
         limit: Replay only the first ``limit`` requests; ``None`` replays them all.
         ttft_slo_s: Goodput's TTFT target, if any.
         tpot_slo_s: Goodput's TPOT target, if any.
+        replicas: Aggregated workers serving the trace (a router sends each request to one).
     """
 
     trace: Workload
@@ -45,6 +46,7 @@ class ReplayConfig:
     limit: int | None = attrs.field(default=None, validator=typed(attrs.validators.optional(attrs.validators.gt(0))))
     ttft_slo_s: float | None = None
     tpot_slo_s: float | None = None
+    replicas: int = attrs.field(default=1, validator=typed(attrs.validators.gt(0)))
 
     def to_dict(self) -> dict[str, Any]:
         """The replay's settings, JSON-ready (the trace by name and size)."""
@@ -55,6 +57,7 @@ class ReplayConfig:
             "limit": self.limit,
             "ttft_slo_s": self.ttft_slo_s,
             "tpot_slo_s": self.tpot_slo_s,
+            "replicas": self.replicas,
         }
 
 
@@ -92,6 +95,8 @@ class ReplayResult:
         """The table heading, naming the trace and rate."""
         rate = self.workload.rate
         title = f"Replay of {self.workload.name}: {len(self.workload):,} requests at {rate:,.2f} req/s"
+        if self.config.replicas > 1:
+            title += f" on {self.config.replicas} replicas"
         if self.clipped:
             title += f" ({self.clipped:,} prompts clipped to fit, {self.clipped_tokens:,} prompt tokens cut)"
         return title
@@ -181,6 +186,7 @@ def run_replay(context: ExperimentContext, config: ReplayConfig) -> ReplayResult
             workload,
             context.load(name),
             context.deployment,
+            replicas=config.replicas,
             ttft_slo_s=config.ttft_slo_s,
             tpot_slo_s=config.tpot_slo_s,
             progress=lambda done, total, t=task: context.report(t, done, total),
@@ -189,6 +195,7 @@ def run_replay(context: ExperimentContext, config: ReplayConfig) -> ReplayResult
         rows.append(
             {
                 "policy": name,
+                "gpus": config.replicas * context.deployment.tensor_parallel,
                 "completed": metrics["completed"],
                 "failed": metrics["failed"],
                 "errors": list(metrics.errors),

@@ -8,8 +8,8 @@ Sizes of the full suite (each config's defaults; see their docstrings for why), 
 * mixed load: 32 short requests (512 in, 1024 out) and one 16K prompt at 0.5 s, under 8
   configurations (no chunking, chunks 256..4096, SLO-adaptive, 1P+1D disaggregation) plus any
   policies given;
-* phase split: 300 Poisson requests at 12 req/s under 1:1, 1:2, 1:3, 2:2 and 2, 3, 4 replicas;
-* grid: prompts 128/1K/4K/16K x outputs 32/256/1K x concurrency 1/8/32, 4 requests per client.
+* phase split: 200 Poisson requests at 12 req/s under 1:1, 1:2, 1:3, 2:2 and 2, 3, 4 replicas;
+* grid: prompts 128/1K/4K/16K x outputs 32/256/1K x concurrency 1/8/32, 2 requests per client.
 
 Simulation is cheap where decodes run alone (they are fast-forwarded) and costs a scheduler
 step per model step wherever prefills and arrivals interleave, so the phase split, with its
@@ -35,6 +35,7 @@ from phasesched.experiments.replay import ReplayConfig, run_replay
 from phasesched.sim.traces import load_trace
 from phasesched.sim.workload import Workload
 from phasesched.slo import SLO
+from phasesched.validators import typed
 
 __all__ = [
     "EXPERIMENTS",
@@ -85,6 +86,7 @@ class SuiteOptions:
         default_trace: Whether the prefix-cache experiment, given no ``trace``, also serves the
             shipped Mooncake conversation trace (:func:`shipped_trace`) when it is there.
         slo: Goodput's targets in the phase split and the replay (``--slo``), instead of their defaults.
+        replicas: Aggregated workers the replay runs on.
     """
 
     quick: bool = False
@@ -93,6 +95,7 @@ class SuiteOptions:
     limit: int | None = None
     slo: SLO | None = None
     default_trace: bool = True
+    replicas: int = attrs.field(default=1, validator=typed(attrs.validators.gt(0)))
 
 
 def suite_names(experiment: str | None, options: SuiteOptions) -> tuple[str, ...]:
@@ -144,7 +147,8 @@ def _replay(context: ExperimentContext, options: SuiteOptions) -> ExperimentResu
     limit = options.limit if options.limit is not None or not options.quick else QUICK_REPLAY_LIMIT
     slo = options.slo
     targets = {} if slo is None else {"ttft_slo_s": slo.ttft_s, "tpot_slo_s": slo.tpot_s}
-    return run_replay(context, ReplayConfig(options.trace, rate=options.rate, limit=limit, **targets))
+    config = ReplayConfig(options.trace, rate=options.rate, limit=limit, replicas=options.replicas, **targets)
+    return run_replay(context, config)
 
 
 def _prefix_cache(context: ExperimentContext, options: SuiteOptions) -> ExperimentResult:

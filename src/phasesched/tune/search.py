@@ -16,8 +16,9 @@ from typing import Any, Literal
 
 import attrs
 
-from phasesched.experiments.context import Column, ExperimentContext, Row, json_object
-from phasesched.parallel import Backend, default_workers, map_tasks
+from phasesched.errors import InvalidArgumentError
+from phasesched.experiments.context import Column, ExperimentContext, Row, coverage_of, json_object, map_counting
+from phasesched.parallel import Backend, default_workers
 from phasesched.sim.workload import Workload
 from phasesched.slo import SLO
 from phasesched.tune.capacity import CapacityConfig, Probe, describe_probe, find_capacity
@@ -158,9 +159,10 @@ def _measure(  # noqa: PLR0913, PLR0917 -- one batch of capacity searches and it
 ) -> tuple[list[tuple[Probe | None, bool]], int]:
     quiet = attrs.evolve(context, progress=None)  # the hook stays here; workers get plain values
     arguments = [(quiet, c, workload, slo, run.capacity) for c in candidates]
-    outcomes = map_tasks(
+    outcomes = map_counting(
         _capacity_task,
         arguments,
+        coverage_of(context),
         backend=run.backend,
         workers=run.workers,
         address=run.address,
@@ -193,7 +195,7 @@ def run_tune(  # noqa: PLR0913 -- what is searched, on what, against what, and h
     workers = run.gpus // tp
     if workers < 1:
         msg = f"{run.gpus} GPUs cannot hold one worker of tensor_parallel={tp}"
-        raise ValueError(msg)
+        raise InvalidArgumentError(msg)
     takes = _takes(context)
     if run.search == "optuna" and candidates is None:
         chosen, found, simulations = _optuna(context, workloads[0], slo, space, run, takes)
