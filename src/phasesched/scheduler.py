@@ -533,6 +533,7 @@ class Scheduler:
             waiting=self._waiting,
             kv=self.kv,
             budget=self.policy.budget,
+            trusted=self._steady_fast_path,  # a built-in priority returns its builder's selection
         )
 
     def update(self, plan: StepPlan, result: StepResult) -> StepOutcome:
