@@ -271,12 +271,6 @@ class PagedKVManager:
         indices: Int32Array = self._table.ravel()[row_start + np.arange(total, dtype=np.int64)]
         return indptr, indices
 
-    def gather_columns(self, slots: Int32Array, first: Int32Array, num_pages: NDArray[np.integer]) -> Int32Array:
-        """int32: pages ``first[i] .. first[i] + num_pages[i] - 1`` of each table ``slots[i]``, in order."""
-        rows, cols = _layout(slots, first, num_pages)
-        pages: Int32Array = self._table[rows, cols]
-        return pages
-
     # ---------------------------------------------------------------- commits
     def open(self) -> int:
         """Open an empty table and return its slot."""

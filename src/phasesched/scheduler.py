@@ -276,10 +276,6 @@ class Scheduler:
         # still runs, no step is steady (a slot is only reused by an admission, which a plan
         # commits and its update or abandon settles).
         self._prefilling: Int32Array = _NO_SLOTS
-        # The last general plan's (slots, page counts, kv_indptr, kv_indices), which the next one
-        # extends (see _gather). Tables only grow until their slot leaves the running set, and a
-        # slot rejoins it only as an admission; abandon() shrinks tables, so it drops this.
-        self._gathered: tuple[Int32Array, Int32Array, Int32Array, Int32Array] | None = None
 
     # ------------------------------------------------------------------ requests
     def add_request(self, request: Request, *, precomputed_tokens: int = 0) -> None:
@@ -681,7 +677,6 @@ class Scheduler:
             raise InvalidPlanError(msg)
         self._in_flight = None
         self._version += 1
-        self._gathered = None  # its tables shrink back (and its admissions' slots are freed)
         arrays, slots, journal = self._arrays, plan.slots, Journal()
         aborted = arrays.abort_pending[slots]
         finished = self._finish(slots[aborted], [FinishReason.ABORTED] * int(aborted.sum()), journal)
@@ -1076,8 +1071,7 @@ class Scheduler:
             known = np.concatenate([known, arrays.known[admitted]])
             num_new = np.concatenate([num_new, admitted_tokens])
         kv_len = start + num_new
-        counts = self.kv.page_counts[slots]
-        kv_indptr, kv_indices = self._gather(slots, counts, len(selection.running_slots))
+        kv_indptr, kv_indices = self.kv.gather(slots, self.kv.page_counts[slots])
         plan = build_step_plan(
             step_id=self._next_step,
             request_ids=tuple(arrays.ids[slots].tolist()),
@@ -1097,40 +1091,7 @@ class Scheduler:
         self._next_step += 1
         self._released = []
         self._carried_preempted = []
-        self._gathered = (plan.slots, counts, plan.kv_indptr, plan.kv_indices)
         return plan
-
-    def _gather(self, slots: Int32Array, counts: Int32Array, num_running: int) -> tuple[Int32Array, Int32Array]:
-        """``kv.gather(slots, counts)``, extending the last general plan's tables where the slots repeat them.
-
-        The longest run of ``slots``' first ``num_running`` (those running before this step) that
-        starts the last plan's slots, in the same places, keeps its pages there: only the pages
-        its tables gained since are read and inserted after theirs. The rest is gathered.
-        """
-        kv, last = self.kv, self._gathered
-        if last is None:
-            return kv.gather(slots, counts)
-        last_slots, last_counts, last_indptr, last_indices = last
-        common = min(num_running, len(last_slots))
-        differ = np.flatnonzero(slots[:common] != last_slots[:common])
-        kept = int(differ[0]) if len(differ) else common
-        if not kept:
-            return kv.gather(slots, counts)
-        growth = counts[:kept] - last_counts[:kept]
-        grown = np.flatnonzero(growth)
-        head = last_indices[: last_indptr[kept]]
-        if len(grown):
-            added = growth[grown]
-            if int(added.min()) < 0:  # a table shrank: cannot be, by the rule above; gather afresh
-                return kv.gather(slots, counts)
-            pages = kv.gather_columns(slots[grown], last_counts[grown], added)
-            head = np.insert(head, np.repeat(last_indptr[1:][grown], added), pages)
-        indptr = np.zeros(len(slots) + 1, dtype=np.int32)
-        np.cumsum(counts, out=indptr[1:])
-        if kept == len(slots):
-            return indptr, head
-        _, rest = kv.gather(slots[kept:], counts[kept:])
-        return indptr, np.concatenate([head, rest])
 
     def _extend(self, slots: Int32Array, num_pages: NDArray[np.int64], journal: Journal) -> None:
         if not np.count_nonzero(num_pages):  # most decode steps cross no page boundary
