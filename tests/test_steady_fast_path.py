@@ -41,6 +41,10 @@ def plans(policy: SchedulingPolicy, shapes: list[Shape], pages: int) -> list[Pla
         if not pending and not scheduler.num_unfinished:
             break
         plan = scheduler.schedule(float(step))
+        # The steady path keeps the last plan's pages and extends them: they must be the tables' pages now.
+        indptr, indices = scheduler.kv.gather(plan.slots, scheduler.kv.page_counts[plan.slots])
+        assert plan.kv_indptr.tolist() == indptr.tolist()
+        assert plan.kv_indices.tolist() == indices.tolist()
         seen.append(
             (
                 plan.request_ids,

@@ -59,6 +59,8 @@ from phasesched.waiting import WaitingQueue
 __all__ = ["FinishedRequest", "Scheduler", "SchedulerConfig", "StepOutcome"]
 
 Int32Array = NDArray[np.int32]
+_NO_SLOTS: Int32Array = np.empty(0, dtype=np.int32)
+_NO_SLOTS.flags.writeable = False
 
 
 def _expect(value: object, kind: type | tuple[type, ...], error: type[Exception], what: str) -> None:
@@ -272,6 +274,10 @@ class Scheduler:
         self._rerank = order if isinstance(order, CacheAwareOrder) else None  # checked once: a Protocol check is slow
         self._holds: dict[str, tuple[int, HeldKV]] = {}  # P/D: finished requests' KV, held until released
         self._claims: dict[int, Claim] = {}  # the plan in flight's cached-prefix claims, by slot, for abandon()
+        # Slots the last updated general plan left with a prefill under way: while one of them
+        # still runs, no step is steady (a slot is only reused by an admission, which a plan
+        # commits and its update or abandon settles).
+        self._prefilling: Int32Array = _NO_SLOTS
 
     # ------------------------------------------------------------------ requests
     def add_request(self, request: Request, *, precomputed_tokens: int = 0) -> None:
@@ -529,6 +535,7 @@ class Scheduler:
             waiting=self._waiting,
             kv=self._kv,
             budget=self.policy.budget,
+            trusted=self._steady_fast_path,  # a built-in priority returns its builder's selection
         )
 
     def update(self, plan: StepPlan, result: StepResult) -> StepOutcome:
@@ -558,6 +565,7 @@ class Scheduler:
         except BaseException:
             journal.rollback()
             raise
+        self._prefilling = self._prefills_left(plan)
         self._in_flight = None
         self._version += 1
         new_tokens = np.where(plan.samples, result.token_ids, -1).astype(np.int32)
@@ -632,6 +640,17 @@ class Scheduler:
             return ()
         self._save_scalars(journal)
         return self._finish(slots[done], reasons, journal)
+
+    def _prefills_left(self, plan: StepPlan) -> Int32Array:
+        """Slots of ``plan``'s unsampled slices whose prefill is still under way once it is applied."""
+        partial = np.flatnonzero(~plan.samples)
+        if not len(partial):
+            return _NO_SLOTS
+        arrays, slots, computed = self._arrays, plan.slots[partial], plan.kv_len[partial]
+        # _steady_step's test: more than one token left to feed, or the prompt not yet computed.
+        under_way = (arrays.known[slots] - computed != 1) | (computed < arrays.prompt_len[slots])
+        left: Int32Array = slots[under_way]
+        return left
 
     def abandon(self, plan: StepPlan) -> tuple[FinishedRequest, ...]:
         """Give back the plan in flight, unexecuted: its executor could not run it.
@@ -787,9 +806,12 @@ class Scheduler:
         unseated = unseated_waiting and self._waiting_unseated()
         if len(self._waiting) and not (unseated or self._may_block_admissions):
             return None
-        if len(running) > self.policy.budget.max_num_batched_tokens:
+        arrays, prefilling = self._arrays, self._prefilling
+        # The last plan's prefill still under way is the prefill test below, on its slots alone.
+        if len(running) > self.policy.budget.max_num_batched_tokens or (
+            len(prefilling) and np.count_nonzero(arrays.running[prefilling])
+        ):
             return None
-        arrays = self._arrays
         start, known = arrays.computed[running], arrays.known[running]
         if np.count_nonzero(known - start - 1) or np.any(start < arrays.prompt_len[running]):
             return None  # a prefill is under way, if only a prompt's last token

@@ -17,7 +17,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from phasesched.errors import InvalidPlanError
-from phasesched.policies.chunking import ChunkContext, PrefillCandidate
+from phasesched.policies.chunking import ChunkContext, FixedChunk, LongPrefillThreshold, NoChunking, PrefillCandidate
 from phasesched.selection import Selection
 from phasesched.view import SchedulerView
 from phasesched.waiting import WaitingCandidate
@@ -30,6 +30,12 @@ __all__ = ["AddResult", "BatchBuilder", "checked_chunk"]
 
 Int32Array = NDArray[np.int32]
 Int64Array = NDArray[np.int64]
+
+# Built-in chunk sizers that size a slice from the budget and the partial prefills alone, never
+# from the batch's slices: they are given empty arrays for those (exact types: a subclass may read them).
+_BATCH_BLIND: frozenset[type] = frozenset({NoChunking, FixedChunk, LongPrefillThreshold})
+_NO_TOKENS: Int64Array = np.empty(0, dtype=np.int64)
+_NO_TOKENS.flags.writeable = False
 
 
 class AddResult(enum.Enum):
@@ -416,11 +422,12 @@ class BatchBuilder:
         return freed
 
     def _chunk(self, candidate: PrefillCandidate, exclude: int | str) -> int:
+        blind = type(self.chunker) in _BATCH_BLIND  # it never reads the batch: spare building it
         context = ChunkContext(
             tokens_left=self.tokens_left,
             partial_prefills=tuple(n for key, n in self._partial.items() if key != exclude),
-            batch_num_new=self._batch_num_new(),
-            batch_kv_len=self._batch_kv_len(),
+            batch_num_new=_NO_TOKENS if blind else self._batch_num_new(),
+            batch_kv_len=_NO_TOKENS if blind else self._batch_kv_len(),
         )
         return checked_chunk(self.chunker, candidate, context)
 
