@@ -153,7 +153,7 @@ class TestAbandon:
                 break
             plan = scheduler.schedule()
             # the pages the plan reads are its tables' pages, however the last plan ended
-            _, indices = scheduler.kv.gather(plan.slots, scheduler.kv.page_counts[plan.slots])
+            _, indices = scheduler._kv.gather(plan.slots, scheduler.kv.page_counts[plan.slots])
             assert plan.kv_indices.tolist() == indices.tolist()
             if attempt in abandoned:
                 assert scheduler.abandon(plan) == ()

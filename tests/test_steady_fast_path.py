@@ -42,7 +42,7 @@ def plans(policy: SchedulingPolicy, shapes: list[Shape], pages: int) -> list[Pla
             break
         plan = scheduler.schedule(float(step))
         # The steady path keeps the last plan's pages and extends them: they must be the tables' pages now.
-        indptr, indices = scheduler.kv.gather(plan.slots, scheduler.kv.page_counts[plan.slots])
+        indptr, indices = scheduler._kv.gather(plan.slots, scheduler.kv.page_counts[plan.slots])
         assert plan.kv_indptr.tolist() == indptr.tolist()
         assert plan.kv_indices.tolist() == indices.tolist()
         seen.append(
