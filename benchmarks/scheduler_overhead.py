@@ -22,7 +22,8 @@ Without the harness or the venv it says why and prints phasesched's figures alon
 Requests carry token ids, as an engine's do, so ``update()`` records every sampled token. The
 executor is :class:`phasesched.DeterministicExecutor`, outside the timed region.
 ``--prefix-caching both`` runs every case with prefix caching off and on (``/cache`` rows): every
-page that fills is then hashed and named, and the prompts, all alike, share cached pages. The two
+page that fills is then hashed and named (the running prompts differ, so the batches match the
+cache-off ones step for step; the waiting prompts, all alike, share cached pages). The two
 run interleaved, round by round (which goes first alternates), so a busy moment of a shared
 machine disturbs both alike, and a last table gives each case's cache-on / cache-off ratios.
 
@@ -76,10 +77,16 @@ def make_scheduler(num_running: int, extra_tokens: int = 0, *, cache: bool = Fal
 
 
 def add_decoders(scheduler: Scheduler, count: int, prefix: str = "d") -> None:
-    """Add ``count`` requests and run them until every one is decoding."""
+    """Add ``count`` requests and run them until every one is decoding.
+
+    Each prompt starts with its own token, so with the cache on every page is hashed and named
+    but none is shared: the requests are admitted and reach their pages' ends on the same steps
+    as with the cache off, and the on/off ratio is the cache's own cost.
+    """
     executor = DeterministicExecutor()
     for i in range(count):
-        scheduler.add_request(Request(f"{prefix}{i}", prompt_token_ids=list(range(PROMPT)), max_new_tokens=100_000))
+        prompt = [i, *range(PROMPT - 1)]
+        scheduler.add_request(Request(f"{prefix}{i}", prompt_token_ids=prompt, max_new_tokens=100_000))
     while True:
         plan = scheduler.schedule()
         scheduler.update(plan, executor.execute(plan))
