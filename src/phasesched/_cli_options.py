@@ -10,11 +10,13 @@ from __future__ import annotations
 import argparse
 import ast
 import sys
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
 import attrs
 
+from phasesched import __version__
 from phasesched.costmodel.batching import decode_batching_from_metadata
 from phasesched.costmodel.coverage import GridCoverage
 from phasesched.costmodel.hardware import HARDWARE_PRESETS
@@ -278,3 +280,13 @@ def build_workloads(args: argparse.Namespace) -> list[Workload]:
         window = trace.window(float(trace.arrival_s[start])).head(count)
         out.append(attrs.evolve(window, name=f"{trace.name}[{start}:{start + len(window)}]"))
     return out
+
+
+def results_header(args: argparse.Namespace, deployment: Deployment) -> dict[str, Any]:
+    """The head every results.json shares: what wrote it, when, from which command, for which deployment."""
+    return {
+        "phasesched_version": __version__,
+        "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "command": ["phasesched", *args.arguments],
+        "deployment": deployment.to_dict(),
+    }

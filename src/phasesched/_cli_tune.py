@@ -5,13 +5,12 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from datetime import datetime, timezone
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 import attrs
 
-from phasesched import __version__
 from phasesched._cli_options import (
     add_deployment_options,
     add_policy_options,
@@ -21,6 +20,7 @@ from phasesched._cli_options import (
     build_workloads,
     coverage_report,
     parse_slo,
+    results_header,
 )
 from phasesched.experiments.context import ExperimentContext, distinct_policies
 from phasesched.parallel import BACKENDS
@@ -146,10 +146,7 @@ def _payload(
     args: argparse.Namespace, context: ExperimentContext, result: TuneResult, figures: list[Path], wall_s: float
 ) -> dict[str, Any]:
     return {
-        "phasesched_version": __version__,
-        "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        "command": ["phasesched", *args.arguments],
-        "deployment": context.deployment.to_dict(),
+        **results_header(args, context.deployment),
         "workload": {
             "trace": str(args.trace) if args.trace else None,
             "requests": args.limit or 400,

@@ -45,6 +45,7 @@ from phasesched._cli_options import (
     coverage_report,
     key_values,
     parse_slo,
+    results_header,
     synthetic_workload,
 )
 from phasesched._cli_tune import add_tune
@@ -369,10 +370,7 @@ def _payload(  # noqa: PLR0913 -- the parts of one results file
     wall_s: float,
 ) -> dict[str, Any]:
     return {
-        "phasesched_version": __version__,
-        "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        "command": ["phasesched", *args.arguments],
-        "deployment": context.deployment.to_dict(),
+        **results_header(args, context.deployment),
         "settings": {
             "hardware": args.hardware,
             "model": args.model,
