@@ -8,10 +8,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from phasesched import Request, SchedulingPolicy, load_policy
+from phasesched import DeterministicExecutor, Request, Scheduler, SchedulerConfig, SchedulingPolicy, load_policy
 from phasesched.policies import CacheAwareAging, LongestPrefixMatch, PolicyOptions, QueueOrder
 from phasesched.policies.budget import TokenBudget
 from phasesched.policies.chunking import FixedChunk
+from phasesched.scheduler import prompt_page_hashes
 from tests.fakes import Driver, PagedContentExecutor, scheduler_for
 
 SYSTEM = list(range(100, 148))  # a 48-token shared system prompt: three 16-token pages
@@ -203,3 +204,39 @@ class TestCacheAwareOrders:
         driver.run()
         admitted = [r.request_id for p in driver.plans for r in p.new_requests]
         assert admitted[0] == first
+
+
+class TestLazyNaming:
+    """Steady decode steps name their filled pages in batches; every read must still see them named."""
+
+    @staticmethod
+    def decoding(*, steady: bool) -> Scheduler:
+        scheduler = Scheduler(
+            SchedulerConfig(num_pages=64, page_size=4, max_model_len=256), load_policy("vllm", PolicyOptions())
+        )
+        scheduler._steady_fast_path = steady  # off: the policy plans, and each page is named as it fills
+        for i in range(3):
+            scheduler.add_request(Request(f"r{i}", prompt_token_ids=[1000 * i, *range(1, 8)], max_new_tokens=40))
+        return scheduler
+
+    def test_a_lookup_between_steady_steps_finds_every_filled_page(self) -> None:
+        """A prompt continuing a running request's generated tokens hits them, as with naming as they fill."""
+        runs = {steady: self.decoding(steady=steady) for steady in (True, False)}
+        executor = DeterministicExecutor(vocab_size=1000)  # the token at position p is p + 1: r0 writes 8, 9, ...
+        for step in range(30):
+            seen = []
+            for scheduler in runs.values():
+                plan = scheduler.schedule(float(step))
+                scheduler.update(plan, executor.execute(plan))
+                probe = prompt_page_hashes(Request("probe", prompt_token_ids=list(range(60)), max_new_tokens=1), 4)
+                seen.append((scheduler.kv.cached_prefix(probe, len(probe)), scheduler.kv.cache_stats))
+            assert seen[0] == seen[1], f"step {step}"
+        assert seen[0][0] >= 6, "the probe should reach r0's generated pages"  # 8 prompt + 17 generated tokens
+
+    def test_pages_left_unnamed_never_outlast_a_turn_of_the_groups(self) -> None:
+        scheduler = self.decoding(steady=True)
+        executor = DeterministicExecutor(vocab_size=1000)
+        for step in range(30):
+            plan = scheduler.schedule(float(step))
+            scheduler.update(plan, executor.execute(plan))
+            scheduler.check_invariants()

@@ -18,6 +18,9 @@ is empty (see :mod:`phasesched.prefix_cache`). Idle pages count as free. Pages a
 
 from __future__ import annotations
 
+import itertools
+from collections.abc import Callable
+
 import attrs
 import numpy as np
 from numpy.typing import NDArray
@@ -168,7 +171,7 @@ class PagedKVManager:
         self._count_view = _read_only(self._count)
         self._hashed = np.zeros(8, dtype=np.int32)  # leading pages of each table offered to the cache
         self._nameable = np.full(8, INT32_MAX, dtype=np.int32)  # pages of each table whose content is known
-        self._cache = PrefixCache() if enable_prefix_caching else None
+        self._cache = PrefixCache(num_pages) if enable_prefix_caching else None
         # Without a cache no page is ever shared, so freeing needs no reference counting.
         self._shared = enable_prefix_caching
         # Holds (P/D): a table marked with defer_free survives the free that would end it, as a
@@ -366,7 +369,7 @@ class PagedKVManager:
         pages = self._table[rows, cols]
         np.subtract.at(self._refcount, pages, 1)
         released = pages[self._refcount[pages] == 0] if self._shared else pages
-        released = np.asarray(self._park(released[::-1].tolist()), dtype=np.int32)
+        released, _ = self._park(released[::-1])
         top = self._num_free
         self._free[top : top + len(released)] = released
         self._num_free += len(released)
@@ -405,11 +408,9 @@ class PagedKVManager:
         else:  # every page has one owner, so each appears once and is released
             self._refcount[pages] = 0
             released = pages
-        parked = ()
+        parked: tuple[int, ...] = ()
         if self._cache is not None:
-            plain = self._park(released.tolist())
-            parked = tuple(sorted(set(released.tolist()) - set(plain)))
-            released = np.asarray(plain, dtype=np.int32)
+            released, parked = self._park(released)
         top = self._num_free
         self._free[top : top + len(released)] = released
         self._num_free += len(released)
@@ -473,7 +474,8 @@ class PagedKVManager:
             msg = f"cannot claim {num_pages} cached pages for table {slot}: {len(pages)} are cached"
             raise InvalidArgumentError(msg)
         self._ensure_width(num_pages)  # first: the only step here that can fail (memory)
-        idle = [p for p in pages if self._refcount[p] == 0]
+        index = np.asarray(pages, dtype=np.int64)
+        idle = index[self._refcount[index] == 0].tolist()
         stamps = self._cache.unpark(idle)
         self._table[slot, :num_pages] = pages
         self._count[slot] = num_pages
@@ -525,8 +527,7 @@ class PagedKVManager:
         first = int(self._hashed[slot])
         offered = len(hashes) if num_pages is None else num_pages
         hashes = hashes[:offered]
-        pages = self._table[slot, first : first + len(hashes)].tolist()
-        registered = self._cache.register(pages, hashes)
+        registered = self._cache.register(self._table[slot, first : first + len(hashes)], hashes)
         self._hashed[slot] = first + offered
         return Registration(slot, offered, registered)
 
@@ -544,17 +545,42 @@ class PagedKVManager:
         assert self._cache is not None
         first = self._hashed[slots]
         named = [h[f : f + n] for h, f, n in zip(page_hashes, first.tolist(), num_pages.tolist(), strict=True)]
-        hashes = [h for n in named for h in n]
+        hashes = list(itertools.chain.from_iterable(named))
         if len(hashes) == len(named) and all(named):  # one page each (decodes filling a page): no layout
-            pages: list[int] = self._table[slots, first].tolist()
+            pages: Int32Array = self._table[slots, first]
         else:
-            lengths = np.fromiter((len(n) for n in named), dtype=np.int64, count=len(named))
+            lengths = np.fromiter(map(len, named), dtype=np.int64, count=len(named))
             rows, cols = _layout(slots, first, lengths)
-            pages = self._table[rows, cols].tolist()
+            pages = self._table[rows, cols]
         registered = self._cache.register(pages, hashes)
         offered = num_pages.astype(np.int32)
         self._hashed[slots] = first + offered
         return Registrations(slots.copy(), offered, registered)
+
+    def evicts_for(self, num_pages: int) -> bool:
+        """Whether handing out ``num_pages`` more pages now would evict idle cached ones."""
+        return num_pages > self._num_free
+
+    def names_every_page(self, slots: Int32Array) -> NDArray[np.bool_]:
+        """Which tables may have every page named as it fills (no :meth:`limit_naming` cap)."""
+        unlimited: NDArray[np.bool_] = self._nameable[slots] == INT32_MAX
+        return unlimited
+
+    def offers_next(self, slots: Int32Array, pages: Int32Array) -> bool:
+        """Whether page ``pages[i]`` is the next one table ``slots[i]`` would offer to the cache, for every ``i``."""
+        return bool((self._hashed[slots] == pages).all())
+
+    def register_next(self, slots: Int32Array, hashes: list[int]) -> Registrations:
+        """Offer the next full page of each table ``slots[i]`` (distinct) to the cache, named ``hashes[i]``.
+
+        :meth:`register_many` for the steady decode step, where each table filled one page.
+        """
+        assert self._cache is not None
+        first = self._hashed[slots]
+        registered = self._cache.register(self._table[slots, first], hashes)
+        self._hashed[slots] = first + 1
+        kept = slots if not slots.flags.writeable else slots.copy()  # a frozen array cannot change under the undo
+        return Registrations(kept, np.ones(len(slots), dtype=np.int32), registered)
 
     def unregister_many(self, registrations: Registrations) -> None:
         """Undo :meth:`register_many`."""
@@ -568,17 +594,18 @@ class PagedKVManager:
         self._cache.unregister(registration.registered)
         self._hashed[registration.slot] -= registration.offered
 
-    def _park(self, pages: list[int]) -> list[int]:
-        """Keep released hashed pages cached (idle); return the others, for the plain pool."""
+    def _park(self, pages: Int32Array) -> tuple[Int32Array, tuple[int, ...]]:
+        """Keep released hashed pages cached (idle), in order; return the others, for the plain pool, and those kept."""
         cache = self._cache
         if cache is None or not cache.num_hashed:
-            return pages
+            return pages, ()
         hashed = cache.hashed_among(pages)
-        cache.park(hashed)
-        if not hashed:
-            return pages
-        kept = set(hashed)
-        return [p for p in pages if p not in kept]
+        if not hashed.any():
+            return pages, ()
+        kept = tuple(pages[hashed].tolist())
+        cache.park(kept)
+        plain: Int32Array = pages[~hashed]
+        return plain, kept
 
     def _evict(self, count: int) -> Evicted:
         """Drop ``count`` idle cached pages and put them on top of the free pool."""
@@ -710,10 +737,12 @@ class KVView:
 
     """
 
-    __slots__ = ("_kv",)
+    __slots__ = ("_kv", "_sync")
 
-    def __init__(self, kv: PagedKVManager) -> None:
+    def __init__(self, kv: PagedKVManager, *, sync: Callable[[], None] | None = None) -> None:
         self._kv = kv
+        self._sync = sync
+        """Called before reading the prefix cache's names: their owner may name pages lazily."""
 
     @property
     def num_pages(self) -> int:
@@ -763,6 +792,8 @@ class KVView:
     @property
     def cache_stats(self) -> CacheStats:
         """Prefix-cache counters, in pages (all zero when caching is off)."""
+        if self._sync is not None:
+            self._sync()
         return self._kv.cache_stats
 
     @property
@@ -802,6 +833,8 @@ class KVView:
 
     def cached_prefix(self, hashes: list[int], max_pages: int) -> int:
         """Leading pages of ``hashes`` (a sequence's page hashes) cached now, at most ``max_pages``."""
+        if self._sync is not None:
+            self._sync()
         return self._kv.cached_prefix(hashes, max_pages)
 
     def freed_by_freeing(self, slots: Int32Array) -> int:

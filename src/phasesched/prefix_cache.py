@@ -19,6 +19,8 @@ from itertools import islice
 from operator import itemgetter
 
 import attrs
+import numpy as np
+from numpy.typing import NDArray
 
 __all__ = ["CacheStats", "Evicted", "PrefixCache"]
 
@@ -56,11 +58,17 @@ class Evicted:
 
 
 class PrefixCache:
-    """Hash <-> page maps, the idle LRU and the counters (internal to :class:`~phasesched.kv.PagedKVManager`)."""
+    """Hash <-> page maps, the idle LRU and the counters (internal to :class:`~phasesched.kv.PagedKVManager`).
 
-    def __init__(self) -> None:
+    Hash to page is a dict (lookups go by hash); page to hash is an array over the pages, so a
+    batch of pages is named, tested and unnamed in a few numpy calls rather than a loop.
+    """
+
+    def __init__(self, num_pages: int) -> None:
         self._page_of: dict[int, int] = {}
-        self._hash_of: dict[int, int] = {}
+        self._hash_of = np.zeros(num_pages, dtype=np.int64)  # a named page's hash (0 when unnamed)
+        self._named = np.zeros(num_pages, dtype=bool)
+        self._num_named = 0
         self._idle: OrderedDict[int, int] = OrderedDict()  # page -> stamp, least recent first
         self._stamp = 0
         self._counts = [0, 0, 0, 0]  # queried, hits, evictions, registered: plain ints on the hot path
@@ -78,7 +86,7 @@ class PrefixCache:
     @property
     def num_hashed(self) -> int:
         """Pages carrying a hash, idle or in use."""
-        return len(self._hash_of)
+        return self._num_named
 
     def idle_pages(self) -> list[int]:
         """Idle pages, least recently released first."""
@@ -86,7 +94,7 @@ class PrefixCache:
 
     def is_hashed(self, page: int) -> bool:
         """Whether ``page`` carries a hash."""
-        return page in self._hash_of
+        return bool(self._named[page])
 
     def lookup(self, hashes: Sequence[int]) -> list[int]:
         """Pages holding the longest cached run of ``hashes`` from the start."""
@@ -106,9 +114,10 @@ class PrefixCache:
         self._idle.update(zip(pages, range(stamp + 1, stamp + 1 + len(pages)), strict=True))
         self._stamp = stamp + len(pages)
 
-    def hashed_among(self, pages: Iterable[int]) -> list[int]:
-        """Those of ``pages`` that carry a hash, in order."""
-        return list(filter(self._hash_of.__contains__, pages))
+    def hashed_among(self, pages: NDArray[np.int32]) -> NDArray[np.bool_]:
+        """Which of ``pages`` carry a hash."""
+        named: NDArray[np.bool_] = self._named[pages]
+        return named
 
     def unpark(self, pages: Iterable[int]) -> tuple[int, ...]:
         """Take idle ``pages`` out of the LRU (a claim, or undoing :meth:`park`); return their stamps."""
@@ -129,8 +138,10 @@ class PrefixCache:
             raise KeyError(msg)
         pages = tuple(islice(idle, count))  # least recent first; each map below runs without a Python loop
         stamps = tuple(map(idle.pop, pages))
-        hashes = tuple(map(self._hash_of.pop, pages))
+        index = np.fromiter(pages, dtype=np.int64, count=count)
+        hashes = tuple(self._hash_of[index].tolist())
         deque(map(self._page_of.pop, hashes), maxlen=0)
+        self._unname(index)
         self._counts[2] += count
         return Evicted(pages, hashes, stamps)
 
@@ -140,32 +151,35 @@ class PrefixCache:
         self.repark(evicted.pages, evicted.stamps)
         self._count(evictions=-len(evicted.pages))
 
-    def register(self, pages: Sequence[int], hashes: Sequence[int]) -> tuple[int, ...]:
+    def register(self, pages: NDArray[np.int32] | Sequence[int], hashes: Sequence[int]) -> tuple[int, ...]:
         """Name freshly filled pages by their hashes, in order; return those registered.
 
         A page whose hash is already cached, or met earlier in the same call (the same prefix
         computed twice at once), stays unnamed: the first copy is the one later requests share.
         """
-        page_of, hash_of = self._page_of, self._hash_of
+        page_of = self._page_of
         if len(pages) != len(hashes):
             msg = f"{len(pages)} pages but {len(hashes)} hashes"
             raise ValueError(msg)
+        if not hashes:
+            return ()
+        index = np.asarray(pages, dtype=np.int64)
         size = len(page_of)
         new_pages: tuple[int, ...] = ()
-        if page_of.keys().isdisjoint(hashes) and hash_of.keys().isdisjoint(pages):
-            new_pages = tuple(pages)  # the usual case: every page and hash new, named in two C-level updates
+        if page_of.keys().isdisjoint(hashes) and not self._named[index].any():
+            new_pages = tuple(index.tolist())  # the usual case: every page and hash new, named in one C-level update
             page_of.update(zip(hashes, new_pages, strict=True))
             if len(page_of) == size + len(hashes):
-                hash_of.update(zip(new_pages, hashes, strict=True))
+                self._name(index, hashes)
             else:  # a hash twice in the call: take the update back and name them one by one
                 for value in hashes:
                     page_of.pop(value, None)
-        if len(page_of) == size and hashes:
+        if len(page_of) == size:
             named = []
-            for page, value in zip(pages, hashes, strict=True):
-                if value not in page_of and page not in hash_of:
-                    hash_of[page] = value
+            for page, value in zip(index.tolist(), hashes, strict=True):
+                if value not in page_of and not self._named[page]:
                     page_of[value] = page
+                    self._name(np.array([page]), [value])
                     named.append(page)
             new_pages = tuple(named)
         self._counts[3] += len(new_pages)
@@ -173,8 +187,11 @@ class PrefixCache:
 
     def unregister(self, pages: Sequence[int]) -> None:
         """Undo :meth:`register` (the pages are in use, so not idle)."""
-        for page in pages:
-            del self._page_of[self._hash_of.pop(page)]
+        if not pages:
+            return
+        index = np.fromiter(pages, dtype=np.int64, count=len(pages))
+        deque(map(self._page_of.pop, self._hash_of[index].tolist()), maxlen=0)
+        self._unname(index)
         self._count(registered=-len(pages))
 
     def count_lookup(self, queried: int, hits: int) -> None:
@@ -182,9 +199,18 @@ class PrefixCache:
         self._count(queried=queried, hits=hits)
 
     def _map(self, pages: Sequence[int], hashes: Sequence[int]) -> None:
-        for page, value in zip(pages, hashes, strict=True):
-            self._hash_of[page] = value
-            self._page_of[value] = page
+        self._page_of.update(zip(hashes, pages, strict=True))
+        self._name(np.fromiter(pages, dtype=np.int64, count=len(pages)), hashes)
+
+    def _name(self, pages: NDArray[np.int64], hashes: Sequence[int]) -> None:
+        self._hash_of[pages] = hashes
+        self._named[pages] = True
+        self._num_named += len(pages)
+
+    def _unname(self, pages: NDArray[np.int64]) -> None:
+        self._hash_of[pages] = 0
+        self._named[pages] = False
+        self._num_named -= len(pages)
 
     def _count(self, *, queried: int = 0, hits: int = 0, evictions: int = 0, registered: int = 0) -> None:
         counts = self._counts

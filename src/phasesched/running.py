@@ -11,6 +11,7 @@ from typing import Any, ClassVar
 import numpy as np
 from numpy.typing import NDArray
 
+from phasesched.prefix import page_contents
 from phasesched.sequence import SequenceState
 
 __all__ = ["RunningArrays", "TokenBuffer", "read_only"]
@@ -55,6 +56,19 @@ class TokenBuffer:
         """The tokens at ``positions[i]`` of row ``rows[i]``."""
         tokens: Int32Array = self.ids[rows, positions]
         return tokens
+
+    def pages(self, rows: Int32Array, pages: Int32Array, page_size: int) -> list[bytes]:
+        """The contents of page ``pages[i]`` of row ``rows[i]`` (tokens ``page_size`` apiece), as bytes.
+
+        The bytes :func:`phasesched.prefix.page_contents` gives for the same tokens.
+        """
+        width = self.ids.shape[1]
+        if width % page_size == 0:  # each page is one fixed-width record of its row
+            records = self.ids.view(np.dtype((np.void, 4 * page_size))).reshape(len(self.ids), width // page_size)
+            contents: list[bytes] = records[rows, pages].tolist()
+            return contents
+        tokens = self.ids[rows[:, None], pages[:, None] * page_size + np.arange(page_size)]
+        return page_contents(tokens.ravel(), page_size)
 
     def row(self, slot: int, start: int, stop: int) -> list[int]:
         """Tokens ``start .. stop - 1`` of row ``slot``, as a list."""

@@ -15,6 +15,7 @@ from __future__ import annotations
 import functools
 import itertools
 from collections.abc import Iterator
+from typing import NamedTuple
 
 import attrs
 import numpy as np
@@ -103,6 +104,7 @@ class _SteadyBatch:
         "kv_indices",
         "kv_indptr",
         "max_start",
+        "naming",
         "next_start",
         "ones",
         "plan",
@@ -143,6 +145,7 @@ class _SteadyBatch:
         order = np.argsort(offset, kind="stable").astype(np.int32)
         bounds = np.cumsum(np.bincount(offset, minlength=size))[:-1]
         self.groups: list[NDArray[np.int32]] = np.split(order, bounds)
+        self.naming = _steady_naming(scheduler, running, self.groups) if scheduler._kv.prefix_caching else None  # noqa: SLF001
         self.step = 0
         # Steps until the first request reaches its length limit (its sampled token then finishes it).
         self.to_length = int((arrays.max_known[running] - known).min())
@@ -150,6 +153,30 @@ class _SteadyBatch:
         self.kv_indices: Int32Array | None = None
         self.plan: StepPlan | None = None
         self.version = -1
+
+
+class _GroupNaming(NamedTuple):
+    """What naming one steady group's freshly filled pages needs (internal; see :class:`_SteadyBatch`)."""
+
+    group: NDArray[np.int32]
+    """The group's places in the batch."""
+    named: NDArray[np.int32]
+    """Of those, the places whose generated pages are named (token ids known, no naming limit)."""
+    slots: Int32Array
+    hashes: list[list[int]]
+    """Their sequences' page hash lists, extended in place."""
+
+
+def _steady_naming(scheduler: Scheduler, running: Int32Array, groups: list[NDArray[np.int32]]) -> list[_GroupNaming]:
+    """Per steady group, the slots whose pages get names as they fill: fixed while the batch lasts."""
+    arrays = scheduler._arrays  # noqa: SLF001
+    nameable = arrays.has_ids[running] & scheduler._kv.names_every_page(running)  # noqa: SLF001
+    naming = []
+    for group in groups:
+        named = group[nameable[group]]
+        slots = _frozen(running[named])
+        naming.append(_GroupNaming(group, named, slots, [seq.page_hashes for seq in arrays.seqs[slots].tolist()]))
+    return naming
 
 
 @attrs.frozen
@@ -239,7 +266,9 @@ class Scheduler:
             enable_prefix_caching=self.policy.enable_prefix_caching,
         )
         """The KV manager: internal (the scheduler's journal must see every change); others read :attr:`kv`."""
-        self._kv_view = KVView(self._kv)
+        self._kv_view = KVView(self._kv, sync=self._name_pending)
+        self._unnamed: list[tuple[_GroupNaming, Int32Array]] = []
+        """Steady groups whose pages filled but are not named yet, each with its tables' full pages then."""
         self._arrays = RunningArrays()
         self._running: Int32Array = _frozen(np.empty(0, dtype=np.int32))  # admission order
         self._waiting = WaitingQueue()
@@ -299,6 +328,7 @@ class Scheduler:
                 order gave a key that does not compare with the others.
 
         """
+        self._name_pending()
         _expect(request, Request, InvalidArgumentError, "add_request's request")
         if request.request_id in self._seqs:
             msg = f"request {request.request_id!r} is already in the scheduler"
@@ -331,6 +361,7 @@ class Scheduler:
             UnknownRequestError: No such request is held.
 
         """
+        self._name_pending()
         seq = self._seqs.get(request_id)
         if seq is None:
             msg = f"no request {request_id!r} to abort"
@@ -353,6 +384,7 @@ class Scheduler:
             PlanInFlightError: It is part of the plan in flight: ``abandon()`` or ``update()`` that first.
 
         """
+        self._name_pending()
         seq = self._seq(request_id)
         if self._in_flight is not None and seq.slot >= 0 and np.any(self._in_flight.slots == seq.slot):
             msg = f"request {request_id!r} is part of plan {self._in_flight.step_id} in flight; abandon it first"
@@ -414,6 +446,7 @@ class Scheduler:
             steady_ok = self._steady_fast_path and self._unsteady_at != self._version  # decode_run just said no
             plan = self._steady_plan(journal) if steady_ok else None
             if plan is None:
+                self._name_pending()
                 plan = self._commit(self._ask_policy(now), journal)
         except BaseException:
             journal.rollback()
@@ -438,6 +471,7 @@ class Scheduler:
             return None
         steady = self._steady
         if steady is None or steady.version != self._version or steady.running is not self._running:
+            self._name_pending()  # a new batch has new groups
             checked = self._steady_step(unseated_waiting=True)
             if checked is None:
                 self._steady = None
@@ -559,6 +593,7 @@ class Scheduler:
             outcome = self._steady_update(steady, plan, result)
             if outcome is not None:
                 return outcome
+        self._name_pending()
         journal = Journal()
         try:
             finished = self._apply(plan, result, journal)
@@ -601,9 +636,8 @@ class Scheduler:
             elif steady.some_ids:
                 index = steady.id_index
                 arrays.tokens.write(slots[index], kv_len[index], tokens[index])
-            filled = steady.groups[-steady.step % self._kv.page_size]  # they start a page next step
-            if self._kv.prefix_caching and len(filled):  # their last pages filled in this step
-                self._register_pages(slots[filled], kv_len[filled], journal)
+            if steady.naming is not None:  # the group that starts a page next step filled its last one now
+                self._defer_naming(steady.naming[-steady.step % self._kv.page_size], kv_len, journal)
         except BaseException:
             journal.rollback()
             raise
@@ -674,6 +708,7 @@ class Scheduler:
             InvalidPlanError: ``plan`` is not the plan in flight; nothing changed.
 
         """
+        self._name_pending()
         if plan is not self._in_flight or plan is None:
             msg = f"plan {getattr(plan, 'step_id', plan)} is not the plan in flight"
             raise InvalidPlanError(msg)
@@ -723,6 +758,7 @@ class Scheduler:
         Raises:
             InvalidArgumentError: ``max_steps`` is not an int.
         """
+        self._name_pending()
         if not is_int(max_steps):
             msg = f"max_steps must be an int, got {max_steps!r}"
             raise InvalidArgumentError(msg)
@@ -750,6 +786,7 @@ class Scheduler:
             InvalidPlanError: The run is stale (the scheduler changed since it was made) or
                 ``num_steps`` is outside ``[1, run.max_steps]``; nothing changed.
         """
+        self._name_pending()
         if run._version != self._version:  # noqa: SLF001 -- the run's own token
             msg = "this DecodeRun is stale: the scheduler changed after decode_run()"
             raise InvalidPlanError(msg)
@@ -945,6 +982,7 @@ class Scheduler:
     def check_invariants(self) -> None:
         """Assert the internal bookkeeping is whole (tests call this after every step)."""
         self._kv.check_invariants()
+        assert len(self._unnamed) <= self._kv.page_size, "pages left unnamed past a full turn of the groups"
         arrays, running = self._arrays, self._running
         assert len(np.unique(running)) == len(running), "a slot runs twice"
         assert int(arrays.running.sum()) == len(running), "running mask and order disagree"
@@ -971,6 +1009,7 @@ class Scheduler:
             UnknownRequestError: No such request is held.
 
         """
+        self._name_pending()
         self._seq(request_id).hold_kv = True
 
     def held_kv(self, request_id: str) -> HeldKV:
@@ -998,6 +1037,7 @@ class Scheduler:
             UnknownRequestError: ``request_id`` holds no KV here.
 
         """
+        self._name_pending()
         held = self._holds.pop(request_id, None)
         if held is None:
             msg = f"request {request_id!r} holds no KV to release"
@@ -1103,6 +1143,8 @@ class Scheduler:
     def _extend(self, slots: Int32Array, num_pages: NDArray[np.int64], journal: Journal) -> None:
         if not np.count_nonzero(num_pages):  # most decode steps cross no page boundary
             return
+        if self._unnamed and self._kv.evicts_for(int(num_pages.sum())):
+            self._name_pending()  # eviction unnames pages: the pending ones must meet the cache as it was
         counts = self._kv.page_counts[slots]  # a copy (fancy indexing), for the undo
         evicted = self._kv.extend_many(slots, num_pages)
 
@@ -1178,38 +1220,89 @@ class Scheduler:
         index = np.flatnonzero(due)
         if not len(index):
             return
-        size, arrays = kv.page_size, self._arrays
-        slots, due = slots[index], due[index]
-        full: list[int] = (computed[index] // size).tolist()
-        seqs: list[SequenceState] = arrays.seqs[slots].tolist()
-        has_ids: list[bool] = arrays.has_ids[slots].tolist()
-        extended: list[tuple[SequenceState, int]] = []
-        one_page: list[int] = []  # slices whose generated tokens filled exactly one page (decodes)
-        for i, seq in enumerate(seqs):
-            known = len(seq.page_hashes)
-            if known < full[i] and has_ids[i]:  # generated tokens: hash as their pages fill
-                extended.append((seq, known))
-                if known == full[i] - 1:
-                    one_page.append(i)
-                else:
-                    tokens = arrays.tokens.row(int(slots[i]), known * size, full[i] * size)  # the new pages' tokens
-                    extend_page_hashes(seq.page_hashes, tokens, size, full[i], offset=known * size)
-        if one_page:
-            rows = slots[one_page]
-            first = (np.asarray(full, dtype=np.int64)[one_page] - 1) * size
-            pages: list[list[int]] = arrays.tokens.gather(rows[:, None], first[:, None] + np.arange(size)).tolist()
-            for i, tokens in zip(one_page, pages, strict=True):  # extend_page_hashes, one page each
-                hashes = seqs[i].page_hashes
-                hashes.append(hash((hashes[-1] if hashes else ROOT_HASH, tuple(tokens))))
-        if extended:
-            journal.record(functools.partial(self._truncate_hashes, extended))
-        registrations = kv.register_many(slots, [seq.page_hashes for seq in seqs], due)
+        if len(index) < len(slots):
+            slots, computed, due = slots[index], computed[index], due[index]
+        full = computed // kv.page_size
+        lists: list[list[int]] = [seq.page_hashes for seq in self._arrays.seqs[slots].tolist()]
+        known = np.fromiter(map(len, lists), dtype=np.int32, count=len(lists))
+        has_ids = self._arrays.has_ids[slots]
+        last_only = has_ids & (known == full - 1)  # decodes: one page of generated tokens filled
+        if last_only.all() and (due == 1).all():  # the steady decode step: one page each, all new
+            self._hash_last_pages(slots, full, lists, journal)
+            registrations = kv.register_next(slots, [hashes[-1] for hashes in lists])
+        else:
+            if last_only.any():
+                one = np.flatnonzero(last_only)
+                self._hash_last_pages(slots[one], full[one], [lists[i] for i in one.tolist()], journal)
+            self._hash_filled_pages(slots, full, lists, journal)
+            registrations = kv.register_many(slots, lists, due)
         journal.record(functools.partial(kv.unregister_many, registrations))
 
+    def _defer_naming(self, naming: _GroupNaming, kv_len: Int32Array, journal: Journal) -> None:
+        """Leave a steady group's freshly filled pages to be named later, with others (last thing in a step)."""
+        if not len(naming.named):
+            return
+        if len(self._unnamed) >= self._kv.page_size:  # every group once: name them all, one batch
+            self._name_pending()
+        self._unnamed.append((naming, kv_len[naming.named] // self._kv.page_size))
+        journal.record(self._unnamed.pop)
+
+    def _name_pending(self) -> None:
+        """Name the pages the steady steps left unnamed, before anything can look them up or free them.
+
+        Naming is lazy but exact: every read of names (a lookup, a free that parks pages, the
+        counters) comes through here first, so what it sees is what naming each page as it
+        filled would have left, in the same order. Only steps already applied are pending, so
+        a call that rolls back later need not undo this.
+        """
+        if not self._unnamed:
+            return
+        entries, size = self._unnamed, self._kv.page_size
+        slots = np.concatenate([naming.slots for naming, _ in entries])
+        full = np.concatenate([pages for _, pages in entries])
+        journal = Journal()
+        try:
+            if self._kv.offers_next(slots, full - 1):  # distinct tables, each one page on: one batch
+                lists = [hashes for naming, _ in entries for hashes in naming.hashes]
+                self._hash_last_pages(slots, full, lists, journal)
+                self._kv.register_next(slots, [hashes[-1] for hashes in lists])
+            else:  # not where the steady batch expected: the general way, step by step
+                for naming, pages in entries:
+                    self._register_pages(naming.slots, pages * size, journal)
+        except BaseException:
+            journal.rollback()
+            raise
+        entries.clear()
+
+    def _hash_last_pages(self, slots: Int32Array, full: Int32Array, lists: list[list[int]], journal: Journal) -> None:
+        """Hash page ``full[i] - 1`` of each slot, the one its tokens just filled (its earlier ones are hashed)."""
+        contents = self._arrays.tokens.pages(slots, full - 1, self._kv.page_size)
+        for hashes, page in zip(lists, contents, strict=True):
+            hashes.append(hash((hashes[-1] if hashes else ROOT_HASH, page)))
+        journal.record(functools.partial(self._pop_hashes, lists))
+
+    def _hash_filled_pages(self, slots: Int32Array, full: Int32Array, lists: list[list[int]], journal: Journal) -> None:
+        """Extend the page hashes of slots whose filled pages hold several generated ones not yet hashed."""
+        known = np.fromiter(map(len, lists), dtype=np.int32, count=len(lists))
+        behind = np.flatnonzero(self._arrays.has_ids[slots] & (known < full - 1)).tolist()
+        if not behind:
+            return
+        size, tokens = self._kv.page_size, self._arrays.tokens
+        extended = [(lists[i], int(known[i])) for i in behind]
+        for i, (hashes, length) in zip(behind, extended, strict=True):
+            row = tokens.row(int(slots[i]), length * size, int(full[i]) * size)  # the new pages' tokens
+            extend_page_hashes(hashes, row, size, int(full[i]), offset=length * size)
+        journal.record(functools.partial(self._truncate_hashes, extended))
+
     @staticmethod
-    def _truncate_hashes(extended: list[tuple[SequenceState, int]]) -> None:
-        for seq, length in extended:
-            del seq.page_hashes[length:]
+    def _pop_hashes(lists: list[list[int]]) -> None:
+        for hashes in lists:
+            hashes.pop()
+
+    @staticmethod
+    def _truncate_hashes(extended: list[tuple[list[int], int]]) -> None:
+        for hashes, length in extended:
+            del hashes[length:]
 
     def _readmit(self, seq: SequenceState, status: RequestStatus) -> None:
         """Undo an admission's removal from the waiting queue: same key, same place."""
