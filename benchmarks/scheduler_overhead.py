@@ -25,7 +25,9 @@ executor is :class:`phasesched.DeterministicExecutor`, outside the timed region.
 page that fills is then hashed and named (the running prompts differ, so the batches match the
 cache-off ones step for step; the waiting prompts, all alike, share cached pages). The two
 run interleaved, round by round (which goes first alternates), so a busy moment of a shared
-machine disturbs both alike, and a last table gives each case's cache-on / cache-off ratios.
+machine disturbs both alike, and a last table gives each case's cache-on / cache-off ratios:
+of the median step, and of the mean step (steady decode steps name their pages in one batch
+every ``page_size`` steps, which the median never sees and the mean spreads over every step).
 
 Usage::
 
