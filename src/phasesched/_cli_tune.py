@@ -22,6 +22,7 @@ from phasesched._cli_options import (
     parse_slo,
     results_header,
 )
+from phasesched.errors import InvalidArgumentError
 from phasesched.experiments.context import ExperimentContext, distinct_policies
 from phasesched.parallel import BACKENDS
 from phasesched.report import MissingExtraError, TerminalUI, write_results_json
@@ -41,6 +42,31 @@ def _ints(text: str) -> tuple[int, ...]:
         msg = f"expected comma-separated positive integers, got {text!r}"
         raise argparse.ArgumentTypeError(msg)
     return values
+
+
+_AUTO_SCREEN = 1000
+_AUTO_SCREEN_FROM = 4000
+
+
+def _screen_size(text: str) -> int | str | None:
+    if text in {"auto", "off"}:
+        return None if text == "off" else text
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value <= 0:
+        msg = f"expected a positive number of requests, auto or off, got {text!r}"
+        raise argparse.ArgumentTypeError(msg)
+    return value
+
+
+def _screen(args: argparse.Namespace, requests: int) -> int | None:
+    """Requests to screen on: ``--screen``, with ``auto`` resolved against the workload's size."""
+    if args.screen == "auto":
+        return _AUTO_SCREEN if requests >= _AUTO_SCREEN_FROM else None
+    screen: int | None = args.screen
+    return screen
 
 
 def add_tune(commands: Any) -> None:
@@ -81,6 +107,21 @@ def add_tune(commands: Any) -> None:
     bisect.add_argument("--tolerance", type=float, default=0.05, help="bisection stops within this share (0.05)")
     bisect.add_argument("--max-probes", type=int, default=10, help="simulations per configuration at most")
     bisect.add_argument("--start-rate", type=float, default=2.0, help="first rate tried, req/s per worker")
+    bisect.add_argument(
+        "--screen",
+        type=_screen_size,
+        default="auto",
+        metavar="N|auto|off",
+        help="measure every configuration on the first N requests first, and only those near the best on all "
+        f"of them (auto: {_AUTO_SCREEN} when --limit is {_AUTO_SCREEN_FROM} or more; grid search)",
+    )
+    bisect.add_argument(
+        "--screen-keep",
+        type=float,
+        default=0.25,
+        metavar="SHARE",
+        help="configurations within this share of the best screened goodput per GPU are measured fully (0.25)",
+    )
     add_policy_options(tune, knobs=False)  # chunk and budget are searched (--chunks, --token-budgets)
     add_workload_options(tune, arrivals="poisson", limit_help="requests per run (a trace's first N; default 400)")
     tune.add_argument("--seeds", type=int, default=1, metavar="N", help="workload seeds (the first is searched)")
@@ -110,7 +151,20 @@ def _tune(args: argparse.Namespace) -> int:
         disaggregated=not args.no_split,
     )
     capacity = CapacityConfig(start_rate=args.start_rate, tolerance=args.tolerance, max_probes=args.max_probes)
-    run = TuneRun(args.gpus, capacity, args.backend, args.workers, args.address, search=args.search, trials=args.trials)
+    if not 0.0 < args.screen_keep < 1.0:
+        msg = f"--screen-keep must be in (0, 1), got {args.screen_keep}"
+        raise InvalidArgumentError(msg)
+    run = TuneRun(
+        args.gpus,
+        capacity,
+        args.backend,
+        args.workers,
+        args.address,
+        search=args.search,
+        trials=args.trials,
+        screen=_screen(args, len(workloads[0])),
+        screen_keep=args.screen_keep,
+    )
     out_dir = args.output or Path("tune-results") / datetime.now().astimezone().strftime("%Y%m%d-%H%M%S")
     out_dir.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()

@@ -150,6 +150,46 @@ class TestParallel:
         assert on_ray.recommendation == serial.recommendation
 
 
+class TestScreening:
+    SPACE = SearchSpace(("vllm", "sarathi", "orca"), chunks=(256, 2048))
+    CONFIG = CapacityConfig(start_rate=4.0, tolerance=0.1, max_probes=8)
+    WORKLOAD = synthetic(160, Poisson(1.0), Uniform(256, 2048), Uniform(16, 64), seed=5)
+
+    def tune(self, **screening: Any) -> Any:
+        run = TuneRun(2, self.CONFIG, backend="serial", confirm_top=1, **screening)
+        return run_tune(ExperimentContext(), [self.WORKLOAD], SLO_, self.SPACE, run)
+
+    def test_screening_keeps_the_winner_measured_on_the_whole_workload(self) -> None:
+        """Screened on 40 requests, the same configuration wins, measured on all 160, and some were dropped."""
+        full, screened = self.tune(), self.tune(screen=40)
+        assert screened.screened_on == 40
+        assert screened.rows[0]["label"] == full.rows[0]["label"]
+        assert screened.rows[0]["requests_measured"] == 160
+        tolerance = 2 * self.CONFIG.tolerance  # the bisections start apart, so each resolves within its tolerance
+        assert screened.rows[0]["capacity_rps"] == pytest.approx(full.rows[0]["capacity_rps"], rel=tolerance)
+        dropped = [row for row in screened.rows if row["screened_out"]]
+        assert 0 < len(dropped) < len(full.rows)
+        assert len(screened.rows) == len(full.rows)
+        assert "Screening: all" in screened.recommendation
+
+    def test_screened_out_rows_come_last_and_are_marked(self) -> None:
+        """They were measured on fewer requests: ranked after every measured row, off the Pareto front."""
+        rows = self.tune(screen=40).rows
+        flags = [row["screened_out"] for row in rows]
+        assert flags == sorted(flags), "a screened-out row outranks a measured one"
+        for row in rows:
+            if row["screened_out"]:
+                assert (row["requests_measured"], row["pareto"]) == (40, "")
+                assert row["bound"].startswith("screened")
+        assert [row["rank"] for row in rows] == list(range(1, len(rows) + 1))
+
+    def test_no_screen_when_the_workload_is_no_longer(self) -> None:
+        """A screen as long as the workload measures every candidate once, fully."""
+        result = self.tune(screen=160)
+        assert result.screened_on is None
+        assert not any(row["screened_out"] for row in result.rows)
+
+
 class TestCommand:
     def test_tune_end_to_end(self, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
         """A tiny tune prints the deployment, the table and a recommendation, and writes results.json."""
@@ -179,6 +219,28 @@ class TestCommand:
         assert (deployment["tensor_parallel"], deployment["watermark"]) == (2, 0.1)
         expected = Deployment(tensor_parallel=2, gpu_memory_utilization=0.5).kv_tokens()
         assert deployment["kv_tokens"] == expected < Deployment(tensor_parallel=2).kv_tokens()
+
+    def test_screening_from_the_command_line(self, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+        """--screen N screens on the first N requests; results.json says so per row and for the run."""
+        code = main(
+            [
+                "tune", "--gpus", "2", "--policy", "vllm,orca,sarathi", "--chunks", "512", "--limit", "40",
+                "--screen", "12", "--screen-keep", "0.05", "--max-probes", "4", "--backend", "serial",
+                "--slo", "ttft=400ms,tpot=40ms", "--prompt-len", "uniform:128:1024", "--output-len", "16",
+                "--output", str(tmp_path), "--no-plots",
+            ]
+        )  # fmt: skip
+        assert code == 0
+        assert "Screening: all 6 configurations were first measured on the first 12 requests" in capsys.readouterr().out
+        payload = json.loads((tmp_path / "results.json").read_text())
+        assert payload["tune"]["screen_requests"] == 12
+        assert {r["requests_measured"] for r in payload["tune"]["rows"]} <= {12, 40}
+
+    @pytest.mark.parametrize(("option", "value"), [("--screen", "0"), ("--screen", "some"), ("--screen-keep", "1.5")])
+    def test_bad_screening_options(self, option: str, value: str, capsys: pytest.CaptureFixture[str]) -> None:
+        """A screen that is not a positive count, auto or off, or a share outside (0, 1), is an error."""
+        assert main(["tune", "--gpus", "2", "--limit", "20", "--backend", "serial", option, value]) in {1, 2}
+        assert option in capsys.readouterr().err
 
     def test_bad_slo_is_a_usage_error(self, capsys: pytest.CaptureFixture[str]) -> None:
         """An unknown SLO key exits 2 with argparse's message."""

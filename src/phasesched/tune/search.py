@@ -6,10 +6,19 @@ and the answer does not depend on the backend. Candidates are ranked by goodput 
 capacity (requests per second meeting the SLO, over the GPUs used). The top few are then
 re-measured on other seeds of the workload, and the recommendation says how far their
 capacities moved and whether the winner stayed first.
+
+**Screening.** A steady state needs thousands of requests per simulation, and a full grid has
+dozens of candidates: most of the time goes to candidates that are far behind. With
+``TuneRun.screen`` set, every candidate is first measured on the workload's first ``screen``
+requests at a coarser tolerance, as successive halving would; only the best third of them, and
+any others within ``screen_keep`` of the best screened goodput per GPU, are measured on the
+whole workload, each bisection starting from its screened capacity. The
+others keep their screened numbers, marked as such, below the measured ones.
 """
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Sequence
 from typing import Any, Literal
@@ -45,6 +54,14 @@ class TuneRun:
         search: ``grid`` measures every candidate; ``optuna`` lets a TPE study pick ``trials`` of them.
         trials: Optuna trials (candidates asked for; repeats are measured once).
         seed: The Optuna sampler's seed.
+        screen: Requests of the first, screening measurement (``None``: measure every
+            candidate on the whole workload).
+        screen_keep: Candidates whose screened goodput per GPU is within this share of the
+            best go on to the whole workload.
+        screen_tolerance: The screening bisection's tolerance.
+        screen_share: The best this share of candidates on the screen go on whatever their
+            margin (successive halving's keep-a-third), so that one candidate whose short run
+            flatters it cannot knock out the rest.
     """
 
     gpus: int = attrs.field(validator=attrs.validators.gt(0))
@@ -56,6 +73,10 @@ class TuneRun:
     search: Literal["grid", "optuna"] = "grid"
     trials: int = attrs.field(default=32, validator=attrs.validators.gt(0))
     seed: int = 0
+    screen: int | None = attrs.field(default=None, validator=attrs.validators.optional(attrs.validators.gt(0)))
+    screen_keep: float = attrs.field(default=0.25, validator=[attrs.validators.gt(0.0), attrs.validators.lt(1.0)])
+    screen_tolerance: float = attrs.field(default=0.15, validator=[attrs.validators.gt(0.0), attrs.validators.lt(1.0)])
+    screen_share: float = attrs.field(default=1 / 3, validator=[attrs.validators.gt(0.0), attrs.validators.le(1.0)])
 
 
 def _capacity_task(
@@ -88,6 +109,7 @@ class TuneResult:
         recommendation: The answer in words, with its evidence.
         simulations: Simulations run.
         wall_s: Seconds it took.
+        screened_on: Requests every candidate was first screened on (``None``: no screening).
     """
 
     slo: SLO
@@ -97,6 +119,7 @@ class TuneResult:
     recommendation: str
     simulations: int
     wall_s: float
+    screened_on: int | None = None
     name: str = "tune"
     title: str = "Tune: capacity at the SLO per configuration, best goodput per GPU first"
 
@@ -127,11 +150,12 @@ class TuneResult:
                 "seed_capacity_rps": self.seeds,
                 "recommendation": self.recommendation,
                 "simulations": self.simulations,
+                "screen_requests": self.screened_on,
             }
         )
 
 
-def _row(candidate: Candidate, outcome: tuple[Probe | None, bool], gpus_per_worker: int) -> Row:
+def _row(candidate: Candidate, outcome: tuple[Probe | None, bool], gpus_per_worker: int, requests: int) -> Row:
     found, bounded = outcome
     gpus = candidate.layout.workers * gpus_per_worker
     numbers = describe_probe(found)
@@ -151,14 +175,24 @@ def _row(candidate: Candidate, outcome: tuple[Probe | None, bool], gpus_per_work
         "command_line": candidate.command_line(),
         **numbers,
         "capacity_found": bounded,
+        "requests_measured": requests,
+        "screened_out": False,
     }
 
 
 def _measure(  # noqa: PLR0913, PLR0917 -- one batch of capacity searches and its progress label
-    context: ExperimentContext, candidates: Sequence[Candidate], workload: Workload, slo: SLO, run: TuneRun, task: str
+    context: ExperimentContext,
+    candidates: Sequence[Candidate],
+    workload: Workload,
+    slo: SLO,
+    run: TuneRun,
+    task: str,
+    *,
+    configs: Sequence[CapacityConfig] | None = None,
 ) -> tuple[list[tuple[Probe | None, bool]], int]:
     quiet = attrs.evolve(context, progress=None)  # the hook stays here; workers get plain values
-    arguments = [(quiet, c, workload, slo, run.capacity) for c in candidates]
+    configs = configs or [run.capacity] * len(candidates)
+    arguments = [(quiet, c, workload, slo, config) for c, config in zip(candidates, configs, strict=True)]
     outcomes = map_counting(
         _capacity_task,
         arguments,
@@ -199,10 +233,15 @@ def run_tune(  # noqa: PLR0913 -- what is searched, on what, against what, and h
     takes = _takes(context)
     if run.search == "optuna" and candidates is None:
         chosen, found, simulations = _optuna(context, workloads[0], slo, space, run, takes)
+        screened: list[Row] = []
+        screened_on = None
     else:
         chosen = list(candidates) if candidates is not None else space.candidates(workers, takes)
-        found, simulations = _measure(context, chosen, workloads[0], slo, run, "tune")
-    rows = _ranked([_row(c, f, tp) for c, f in zip(chosen, found, strict=True)])
+        chosen, screened, configs, simulations, screened_on = _screen(context, chosen, workloads[0], slo, run)
+        found, measured = _measure(context, chosen, workloads[0], slo, run, "tune", configs=configs)
+        simulations += measured
+    full = len(workloads[0])
+    rows = _ranked([_row(c, f, tp, full) for c, f in zip(chosen, found, strict=True)], screened)
     seeds = {row["label"]: [row["capacity_rps"]] for row in rows[: run.confirm_top]}
     if len(workloads) > 1 and rows:
         top = [c for row in rows[: run.confirm_top] for c in chosen if c.label == row["label"]]
@@ -211,8 +250,9 @@ def run_tune(  # noqa: PLR0913 -- what is searched, on what, against what, and h
             simulations += more
             for candidate, (probe, _) in zip(top, again, strict=True):
                 seeds[candidate.label].append(probe.rate if probe is not None else 0.0)
-    text = recommend(rows, seeds, slo, run) + _cautions(rows, len(workloads[0]))
-    return TuneResult(slo, run.gpus, tuple(rows), seeds, text, simulations, time.perf_counter() - started)
+    text = recommend(rows, seeds, slo, run) + _screening_note(screened, rows, run, screened_on) + _cautions(rows, full)
+    wall_s = time.perf_counter() - started
+    return TuneResult(slo, run.gpus, tuple(rows), seeds, text, simulations, wall_s, screened_on)
 
 
 def _optuna(  # noqa: PLR0913, PLR0917 -- run_tune's inputs, for the study's branch
@@ -237,13 +277,78 @@ def _optuna(  # noqa: PLR0913, PLR0917 -- run_tune's inputs, for the study's bra
     return list(picked), list(picked.values()), sum(counted)
 
 
-def _ranked(rows: list[Row]) -> list[Row]:
-    """Rows best first, with rank, Pareto flag and the lower-bound mark."""
+def _screen(
+    context: ExperimentContext, candidates: list[Candidate], workload: Workload, slo: SLO, run: TuneRun
+) -> tuple[list[Candidate], list[Row], list[CapacityConfig], int, int | None]:
+    """Screen ``candidates`` on the workload's head.
+
+    Returns:
+        The candidates to measure fully, the rows of the others, the bisection settings per
+        candidate measured, the simulations run and the requests screened on (``None`` when
+        nothing was screened: no screen asked, a workload no longer than it, or too few
+        candidates to drop any; every candidate then goes on with the run's settings).
+    """
+    if run.screen is None or run.screen >= len(workload) or len(candidates) <= run.confirm_top:
+        return candidates, [], [run.capacity] * len(candidates), 0, None
+    head = workload.head(run.screen)
+    coarse = attrs.evolve(run, capacity=attrs.evolve(run.capacity, tolerance=run.screen_tolerance))
+    found, simulations = _measure(context, candidates, head, slo, coarse, f"screen on {run.screen} requests")
+    tp = context.deployment.tensor_parallel
+    rows = [_row(c, f, tp, len(head)) for c, f in zip(candidates, found, strict=True)]
+    order = sorted(range(len(rows)), key=lambda i: _rank_key(rows[i]))
+    best = rows[order[0]]["goodput_per_gpu"]
+    bar = best * (1 - run.screen_keep)
+    top = max(run.confirm_top, math.ceil(len(rows) * run.screen_share))
+    kept = {i for rank, i in enumerate(order) if rank < top or rows[i]["goodput_per_gpu"] >= bar > 0}
+    configs = []
+    for i in sorted(kept):
+        probe = found[i][0]
+        start = run.capacity.start_rate if probe is None else probe.rate / candidates[i].layout.workers
+        configs.append(attrs.evolve(run.capacity, start_rate=start))
+    for i, row in enumerate(rows):
+        row["screened_out"] = i not in kept
+    return (
+        [candidates[i] for i in sorted(kept)],
+        [rows[i] for i in order if i not in kept],
+        configs,
+        simulations,
+        len(head),
+    )
+
+
+def _ranked(rows: list[Row], screened: Sequence[Row] = ()) -> list[Row]:
+    """Rows best first, with rank, Pareto flag and the lower-bound mark; screened-out rows after, best first.
+
+    Screened-out rows were measured on fewer requests, so they neither outrank a measured row
+    nor join the Pareto front.
+    """
     rows = sorted(rows, key=_rank_key)
     for rank, (row, pareto) in enumerate(zip(rows, pareto_front(rows), strict=True), 1):
         row["rank"], row["pareto"] = rank, "yes" if pareto else ""
         row["bound"] = "" if row["capacity_found"] else ">="
-    return rows
+    behind = sorted(screened, key=_rank_key)
+    for rank, row in enumerate(behind, len(rows) + 1):
+        row["rank"], row["pareto"] = rank, ""
+        row["bound"] = "screened" if row["capacity_found"] else "screened >="
+    return rows + behind
+
+
+def _screening_note(screened: Sequence[Row], rows: Sequence[Row], run: TuneRun, screened_on: int | None) -> str:
+    if screened_on is None:
+        return ""
+    measured = len(rows) - len(screened)
+    text = (
+        f"\n  Screening: all {len(rows)} configurations were first measured on the first {screened_on} requests; "
+        f"the best {measured} there (the top {run.screen_share:.0%}, and any within {run.screen_keep:.0%} of the "
+        "best) were measured on the whole workload"
+    )
+    if not screened:
+        return text + "."
+    best = max(row["goodput_per_gpu"] for row in screened)
+    return text + (
+        f", the other {len(screened)} were not (ranked last, marked screened; the best of them had "
+        f"{best:.3f} good req/s per GPU on {screened_on} requests)."
+    )
 
 
 def _cautions(rows: Sequence[Row], requests: int) -> str:
