@@ -112,7 +112,8 @@ def add_tune(commands: Any) -> None:
         type=_screen_size,
         default="auto",
         metavar="N|auto|off",
-        help="measure every configuration on the first N requests first, and only those near the best on all "
+        help="measure every configuration on the first N requests first, then only the best third (and any near "
+        "the best) on all "
         f"of them (auto: {_AUTO_SCREEN} when --limit is {_AUTO_SCREEN_FROM} or more; grid search)",
     )
     bisect.add_argument(
