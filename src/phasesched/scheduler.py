@@ -982,7 +982,8 @@ class Scheduler:
     def check_invariants(self) -> None:
         """Assert the internal bookkeeping is whole (tests call this after every step)."""
         self._kv.check_invariants()
-        assert len(self._unnamed) <= self._kv.page_size, "pages left unnamed past a full turn of the groups"
+        groups = [id(naming) for naming, _ in self._unnamed]
+        assert len(set(groups)) == len(groups) <= self._kv.page_size, "pages left unnamed past a turn of the groups"
         arrays, running = self._arrays, self._running
         assert len(np.unique(running)) == len(running), "a slot runs twice"
         assert int(arrays.running.sum()) == len(running), "running mask and order disagree"
@@ -1242,7 +1243,7 @@ class Scheduler:
         """Leave a steady group's freshly filled pages to be named later, with others (last thing in a step)."""
         if not len(naming.named):
             return
-        if len(self._unnamed) >= self._kv.page_size:  # every group once: name them all, one batch
+        if any(pending is naming for pending, _ in self._unnamed):  # its turn came round again: name them all
             self._name_pending()
         self._unnamed.append((naming, kv_len[naming.named] // self._kv.page_size))
         journal.record(self._unnamed.pop)
