@@ -42,6 +42,7 @@ __all__ = [
     "key_values",
     "length_dist",
     "parse_slo",
+    "positive_int",
     "synthetic_workload",
 ]
 
@@ -102,7 +103,7 @@ def add_workload_options(parser: argparse.ArgumentParser, *, arrivals: str | Non
     group = parser.add_argument_group("workload (a trace, or a synthetic open loop)")
     group.add_argument("--trace", type=Path, metavar="FILE", help="a trace (azure, mooncake, csv, jsonl)")
     group.add_argument("--spread-ticks", action="store_true", help="spread trace requests that share a timestamp")
-    group.add_argument("--limit", "--requests", type=_positive_int, metavar="N", help=limit_help)
+    group.add_argument("--limit", "--requests", type=positive_int, metavar="N", help=limit_help)
     group.add_argument(
         "--arrivals",
         choices=("poisson", "gamma"),
@@ -136,11 +137,11 @@ def add_policy_options(parser: argparse.ArgumentParser, *, knobs: bool) -> None:
         metavar="KEY=VALUE",
         help="a PolicyOptions field for every policy (repeatable), e.g. chunk_size=1024 or max_num_seqs=128",
     )
-    group.add_argument("--max-num-seqs", type=_positive_int, metavar="N", help="sequences a step may carry")
+    group.add_argument("--max-num-seqs", type=positive_int, metavar="N", help="sequences a step may carry")
     if knobs:
-        group.add_argument("--chunk-size", type=_positive_int, metavar="N", help="prefill chunk (tokens)")
+        group.add_argument("--chunk-size", type=positive_int, metavar="N", help="prefill chunk (tokens)")
         group.add_argument(
-            "--token-budget", type=_positive_int, metavar="N", help="tokens per step (max_num_batched_tokens)"
+            "--token-budget", type=positive_int, metavar="N", help="tokens per step (max_num_batched_tokens)"
         )
 
 
@@ -165,7 +166,8 @@ def build_policy_options(args: argparse.Namespace) -> dict[str, Any]:
     return out
 
 
-def _positive_int(text: str) -> int:
+def positive_int(text: str) -> int:
+    """A positive int, as an argparse type."""
     try:
         value = int(text)
     except ValueError:

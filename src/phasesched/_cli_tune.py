@@ -20,6 +20,7 @@ from phasesched._cli_options import (
     build_workloads,
     coverage_report,
     parse_slo,
+    positive_int,
     results_header,
 )
 from phasesched.errors import InvalidArgumentError
@@ -52,13 +53,10 @@ def _screen_size(text: str) -> int | str | None:
     if text in {"auto", "off"}:
         return None if text == "off" else text
     try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value <= 0:
+        return positive_int(text)
+    except argparse.ArgumentTypeError:
         msg = f"expected a positive number of requests, auto or off, got {text!r}"
-        raise argparse.ArgumentTypeError(msg)
-    return value
+        raise argparse.ArgumentTypeError(msg) from None
 
 
 def _screen(args: argparse.Namespace, requests: int) -> int | None:
