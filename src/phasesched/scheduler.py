@@ -158,10 +158,8 @@ class _SteadyBatch:
 class _GroupNaming(NamedTuple):
     """What naming one steady group's freshly filled pages needs (internal; see :class:`_SteadyBatch`)."""
 
-    group: NDArray[np.int32]
-    """The group's places in the batch."""
     named: NDArray[np.int32]
-    """Of those, the places whose generated pages are named (token ids known, no naming limit)."""
+    """The group's places in the batch whose generated pages are named (token ids known, no naming limit)."""
     slots: Int32Array
     hashes: list[list[int]]
     """Their sequences' page hash lists, extended in place."""
@@ -175,7 +173,7 @@ def _steady_naming(scheduler: Scheduler, running: Int32Array, groups: list[NDArr
     for group in groups:
         named = group[nameable[group]]
         slots = _frozen(running[named])
-        naming.append(_GroupNaming(group, named, slots, [seq.page_hashes for seq in arrays.seqs[slots].tolist()]))
+        naming.append(_GroupNaming(named, slots, [seq.page_hashes for seq in arrays.seqs[slots].tolist()]))
     return naming
 
 
