@@ -61,6 +61,7 @@ __all__ = ["FinishedRequest", "Scheduler", "SchedulerConfig", "StepOutcome"]
 Int32Array = NDArray[np.int32]
 _NO_SLOTS: Int32Array = np.empty(0, dtype=np.int32)
 _NO_SLOTS.flags.writeable = False
+_NOTHING_ELSE = CheckedSelection(Selection.empty(), _NO_SLOTS, _NO_SLOTS, np.empty(0, dtype=np.int64))
 
 
 def _expect(value: object, kind: type | tuple[type, ...], error: type[Exception], what: str) -> None:
@@ -578,7 +579,10 @@ class Scheduler:
             if core is None:
                 return None
         running, arrays, kv = self._running, self._arrays, self._kv
-        is_decode = core.members(running)
+        # Every running request decodes and nobody waiting can be seated (see _seated_steady,
+        # which holds for this path's policies): decode-first then adds nothing after the decodes.
+        alone = len(core.running) == len(running) and (not len(self._waiting) or self._waiting_unseated())
+        is_decode = core.trues if len(core.running) == len(running) else core.members(running)
         if len(core.running) < len(running):  # the others must all be prefills, as they were
             others = running[~is_decode]
             computed = arrays.computed[others]
@@ -587,11 +591,15 @@ class Scheduler:
                 if core is None:
                     return None
                 is_decode = core.members(running)
+                alone = len(core.running) == len(running) and (not len(self._waiting) or self._waiting_unseated())
         grown, new_pages, starting = core.pages_for_step(kv)
         growth = len(grown) if starting is not None else int(new_pages.sum())
         budget = self.policy.budget
         if len(core.running) > budget.max_num_batched_tokens or growth > kv.num_free_pages:
             return None  # the policy would take some of them, or preempt
+        if alone:
+            self._extend(grown, new_pages, journal)
+            return self._mixed_step(core, _NOTHING_ELSE, starting=starting, admitted=_NO_SLOTS, new_requests=[])
         view = self._view(now)
         builder = BatchBuilder(view, self.policy.chunker, self.policy.preemption, is_decode=is_decode)
         builder.take_decodes(core.running, growth)
@@ -667,32 +675,56 @@ class Scheduler:
         indptr, indices = kv.gather(slots, kv.page_counts[slots])
         kv_indices = core.grow_tables(kv, starting, indices)
         assert core.kv_indptr is not None
-        rest_len = start + num_new
-        qo_indptr = np.empty(n + len(slots) + 1, dtype=np.int32)
-        qo_indptr[: n + 1] = core.qo_indptr
-        np.cumsum(num_new, out=qo_indptr[n + 1 :])
-        qo_indptr[n + 1 :] += n
-        kv_len = np.concatenate([core.next_start + 1, rest_len]).astype(np.int32, copy=False)
+        decoded = core.next_start + 1
+        if len(slots):
+            rest_len = start + num_new
+            qo_indptr = np.empty(n + len(slots) + 1, dtype=np.int32)
+            qo_indptr[: n + 1] = core.qo_indptr
+            np.cumsum(num_new, out=qo_indptr[n + 1 :])
+            qo_indptr[n + 1 :] += n
+            kv_len = np.concatenate([decoded, rest_len])
+            slots, start, num_new, prompt_len, samples, kv_indptr, positions = (
+                np.concatenate([core.running, slots]),
+                np.concatenate([core.next_start, start]),
+                np.concatenate([core.ones, num_new]),
+                np.concatenate([core.prompt_len, arrays.prompt_len[slots]]),
+                np.concatenate([core.trues, rest_len == known]),
+                np.concatenate([core.kv_indptr, indptr[1:] + core.kv_indptr[-1]]),
+                np.concatenate([core.next_start, token_positions(start, num_new)]),
+            )
+            request_ids = core.request_ids + tuple(arrays.ids[slots[n:]].tolist())
+        else:  # the decodes alone: the steady step's plan
+            qo_indptr, kv_len, request_ids = core.qo_indptr, decoded, core.request_ids
+            slots, start, num_new, prompt_len, samples, kv_indptr, positions = (
+                core.running,
+                core.next_start,
+                core.ones,
+                core.prompt_len,
+                core.trues,
+                core.kv_indptr,
+                core.next_start,
+            )
         input_ids = None
         if core.all_ids:
-            rest_ids = self._input_ids(slots, start, num_new, known)
-            if rest_ids is not None or not len(slots):
-                rest_ids = rest_ids if rest_ids is not None else _NO_SLOTS
+            rest_ids = self._input_ids(slots[n:], start[n:], num_new[n:], known) if len(slots) > n else _NO_SLOTS
+            if rest_ids is not None:
                 input_ids = _frozen(np.concatenate([arrays.last_token[core.running], rest_ids]))
+        last_page_len = (kv_len - 1) % size
+        last_page_len += 1
         plan = StepPlan(
             step_id=self._next_step,
-            request_ids=core.request_ids + tuple(arrays.ids[slots].tolist()),
-            slots=_frozen(np.concatenate([core.running, slots])),
-            start=_frozen(np.concatenate([core.next_start, start])),
-            num_new=_frozen(np.concatenate([core.ones, num_new])),
-            prompt_len=_frozen(np.concatenate([core.prompt_len, arrays.prompt_len[slots]])),
-            samples=_frozen(np.concatenate([core.trues, rest_len == known])),  # type: ignore[arg-type]
+            request_ids=request_ids,
+            slots=_frozen(slots),
+            start=_frozen(start),
+            num_new=_frozen(num_new),
+            prompt_len=_frozen(prompt_len),
+            samples=samples if samples is core.trues else _frozen(samples),  # type: ignore[arg-type]
             qo_indptr=_frozen(qo_indptr),
-            kv_indptr=_frozen(np.concatenate([core.kv_indptr, indptr[1:] + core.kv_indptr[-1]])),
+            kv_indptr=_frozen(kv_indptr),
             kv_indices=kv_indices,
-            kv_last_page_len=_frozen(((kv_len - 1) % size + 1).astype(np.int32, copy=False)),
+            kv_last_page_len=_frozen(last_page_len),
             kv_len=_frozen(kv_len),
-            positions=_frozen(np.concatenate([core.next_start, token_positions(start, num_new)])),
+            positions=_frozen(positions),
             input_ids=input_ids,
             page_size=size,
             preempted=tuple(self._carried_preempted),
@@ -870,7 +902,7 @@ class Scheduler:
             elif core.some_ids:
                 index = core.id_index
                 arrays.tokens.write(decodes[index], decoded[index], tokens[:n][index])
-            done, reasons = self._record_tokens(rest, samples[n:], tokens[n:], None)
+            done, reasons = self._record_tokens(rest, samples[n:], tokens[n:], None) if len(rest) else (None, [])
             if self._kv.prefix_caching:
                 filled = core.groups[-core.step % self._kv.page_size]  # their last pages filled in this step
                 self._register_pages(
@@ -878,19 +910,24 @@ class Scheduler:
                 )
             finished: tuple[FinishedRequest, ...] = ()
             if reasons:
+                assert done is not None
                 self._save_scalars(journal)
                 finished = self._finish(rest[done], reasons, journal)
         except BaseException:
             journal.rollback()
             raise
-        self._prefilling = self._prefills_left(rest, rest_len, samples[n:])
+        self._prefilling = self._prefills_left(rest, rest_len, samples[n:]) if len(rest) else _NO_SLOTS
         core.next_start = decoded
         core.max_start += 1
         core.to_length -= 1
         core.ready = True
         self._in_flight = None
         self._version += 1
-        new_tokens = np.concatenate([tokens[:n], np.where(samples[n:], tokens[n:], -1)]).astype(np.int32)
+        new_tokens = (
+            np.concatenate([tokens[:n], np.where(samples[n:], tokens[n:], -1)]).astype(np.int32)
+            if len(rest)
+            else tokens.astype(np.int32)  # a copy
+        )
         return StepOutcome(
             step_id=plan.step_id,
             request_ids=plan.request_ids,
@@ -1515,6 +1552,10 @@ class Scheduler:
         arrays = self._arrays
         if not len(slots) or np.count_nonzero(arrays.has_ids[slots]) < len(slots):
             return None
+        if len(slots) <= 8:  # a few slices (a mixed step's chunks and admissions): a row slice each
+            rows = arrays.tokens.ids
+            parts = zip(slots.tolist(), start.tolist(), num_new.tolist(), strict=True)
+            return np.concatenate([rows[slot, begin : begin + length] for slot, begin, length in parts])
         total = int(num_new.sum())
         if len(slots) == total and np.array_equal(start, known - 1):
             last: Int32Array = arrays.last_token[slots]  # all decodes: each feeds its last token
