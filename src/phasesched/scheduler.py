@@ -690,9 +690,10 @@ class Scheduler:
                 np.concatenate([core.prompt_len, arrays.prompt_len[slots]]),
                 np.concatenate([core.trues, rest_len == known]),
                 np.concatenate([core.kv_indptr, indptr[1:] + core.kv_indptr[-1]]),
-                np.concatenate([core.next_start, token_positions(start, num_new)]),
+                core.next_start,  # the decodes' part: the rest is written below
             )
             request_ids = core.request_ids + tuple(arrays.ids[slots[n:]].tolist())
+            positions, input_ids = self._rest_tokens(core, slots[n:], start[n:], num_new[n:], known)
         else:  # the decodes alone: the steady step's plan
             qo_indptr, kv_len, request_ids = core.qo_indptr, decoded, core.request_ids
             slots, start, num_new, prompt_len, samples, kv_indptr, positions = (
@@ -704,11 +705,7 @@ class Scheduler:
                 core.kv_indptr,
                 core.next_start,
             )
-        input_ids = None
-        if core.all_ids:
-            rest_ids = self._input_ids(slots[n:], start[n:], num_new[n:], known) if len(slots) > n else _NO_SLOTS
-            if rest_ids is not None:
-                input_ids = _frozen(np.concatenate([arrays.last_token[core.running], rest_ids]))
+            input_ids = arrays.last_token[core.running] if core.all_ids else None
         last_page_len = (kv_len - 1) % size
         last_page_len += 1
         plan = StepPlan(
@@ -725,7 +722,7 @@ class Scheduler:
             kv_last_page_len=_frozen(last_page_len),
             kv_len=_frozen(kv_len),
             positions=_frozen(positions),
-            input_ids=input_ids,
+            input_ids=None if input_ids is None else _frozen(input_ids),
             page_size=size,
             preempted=tuple(self._carried_preempted),
             new_requests=tuple(new_requests),
@@ -737,6 +734,33 @@ class Scheduler:
         self._released = []  # nothing raises from here on: the step is committed
         self._carried_preempted = []
         return plan
+
+    def _rest_tokens(
+        self, core: _SteadyBatch, slots: Int32Array, start: Int32Array, num_new: Int32Array, known: Int32Array
+    ) -> tuple[Int32Array, Int32Array | None]:
+        """A mixed step's ``positions`` and ``input_ids``: the core's decodes, then slices ``slots``."""
+        arrays, n = self._arrays, len(core.running)
+        total = n + int(num_new.sum())
+        positions = np.empty(total, dtype=np.int32)
+        positions[:n] = core.next_start
+        ids = None
+        if core.all_ids and np.count_nonzero(arrays.has_ids[slots]) == len(slots):
+            ids = np.empty(total, dtype=np.int32)
+            np.take(arrays.last_token, core.running, out=ids[:n])
+        if len(slots) > 8:  # many slices: vectorized
+            positions[n:] = token_positions(start, num_new)
+            if ids is not None:
+                rest_ids = self._input_ids(slots, start, num_new, known)
+                assert rest_ids is not None
+                ids[n:] = rest_ids
+            return positions, ids
+        rows, at = arrays.tokens.ids, n
+        for slot, begin, length in zip(slots.tolist(), start.tolist(), num_new.tolist(), strict=True):
+            np.add(np.arange(length, dtype=np.int32), begin, out=positions[at : at + length])
+            if ids is not None:
+                ids[at : at + length] = rows[slot, begin : begin + length]
+            at += length
+        return positions, ids
 
     def _view(self, now: float) -> SchedulerView:
         return SchedulerView(
@@ -902,7 +926,9 @@ class Scheduler:
             elif core.some_ids:
                 index = core.id_index
                 arrays.tokens.write(decodes[index], decoded[index], tokens[:n][index])
-            done, reasons = self._record_tokens(rest, samples[n:], tokens[n:], None) if len(rest) else (None, [])
+            done, reasons = None, list[FinishReason]()
+            if np.count_nonzero(samples[n:]) or np.count_nonzero(arrays.abort_pending[rest]):
+                done, reasons = self._record_tokens(rest, samples[n:], tokens[n:], None)
             if self._kv.prefix_caching:
                 filled = core.groups[-core.step % self._kv.page_size]  # their last pages filled in this step
                 self._register_pages(
@@ -958,10 +984,19 @@ class Scheduler:
 
     def _prefills_left(self, slots: Int32Array, kv_len: Int32Array, samples: NDArray[np.bool_]) -> Int32Array:
         """Slots of a plan's unsampled slices whose prefill is still under way once it is applied."""
+        arrays = self._arrays
+        if len(slots) <= 8:  # a few slices (a mixed step's rest): one by one
+            known, prompt_len = arrays.known, arrays.prompt_len
+            few = [
+                slot
+                for slot, computed, sampled in zip(slots.tolist(), kv_len.tolist(), samples.tolist(), strict=True)
+                if not sampled and (known[slot] - computed != 1 or computed < prompt_len[slot])
+            ]
+            return np.array(few, dtype=np.int32) if few else _NO_SLOTS
         partial = np.flatnonzero(~samples)
         if not len(partial):
             return _NO_SLOTS
-        arrays, slots, computed = self._arrays, slots[partial], kv_len[partial]
+        slots, computed = slots[partial], kv_len[partial]
         # _steady_step's test: more than one token left to feed, or the prompt not yet computed.
         under_way = (arrays.known[slots] - computed != 1) | (computed < arrays.prompt_len[slots])
         left: Int32Array = slots[under_way]
