@@ -1613,6 +1613,8 @@ class Scheduler:
         self, slots: Int32Array, sampled: NDArray[np.bool_], token_ids: Int32Array, finished: NDArray[np.bool_] | None
     ) -> tuple[NDArray[np.bool_], list[FinishReason]]:
         """Record the sampled tokens of slices ``slots``; return which of them finish, and why, in slice order."""
+        if len(slots) <= 8:
+            return self._record_few(slots, sampled, token_ids, finished)
         arrays = self._arrays
         s_slots, s_tokens = slots[sampled], token_ids[sampled]
         known = arrays.known[s_slots] + 1
@@ -1642,6 +1644,44 @@ class Scheduler:
             else FinishReason.EXECUTOR
             for a, s, n in zip(aborted.tolist(), by_stop[done].tolist(), by_length[done].tolist(), strict=True)
         ]
+        return done, reasons
+
+    def _record_few(
+        self, slots: Int32Array, sampled: NDArray[np.bool_], token_ids: Int32Array, finished: NDArray[np.bool_] | None
+    ) -> tuple[NDArray[np.bool_], list[FinishReason]]:
+        """:meth:`_record_tokens` for a few slices (a mixed step's rest, a small batch), one by one."""
+        arrays = self._arrays
+        done = np.zeros(len(slots), dtype=bool)
+        reasons: list[FinishReason] = []
+        written: list[tuple[int, int, int]] = []
+        ends = [False] * len(slots) if finished is None else finished.tolist()
+        slices = zip(slots.tolist(), sampled.tolist(), token_ids.tolist(), strict=True)
+        for i, (slot, samples, token) in enumerate(slices):
+            by_stop = by_length = False
+            if samples:
+                known = int(arrays.known[slot]) + 1
+                arrays.known[slot], arrays.last_token[slot] = known, token
+                by_length = known >= arrays.max_known[slot]
+                by_stop = token == arrays.eos[slot] or (
+                    bool(arrays.has_stop_set[slot]) and token in arrays.stop_sets[slot]
+                )
+                if arrays.has_ids[slot]:
+                    written.append((slot, known - 1, token))
+            aborted = bool(arrays.abort_pending[slot])
+            if aborted or by_stop or by_length or ends[i]:
+                done[i] = True
+                reasons.append(
+                    FinishReason.ABORTED
+                    if aborted
+                    else FinishReason.STOP
+                    if by_stop
+                    else FinishReason.LENGTH
+                    if by_length
+                    else FinishReason.EXECUTOR
+                )
+        if written:
+            rows, positions, tokens = (np.array(column, dtype=np.int32) for column in zip(*written, strict=True))
+            arrays.tokens.write(rows, positions, tokens)
         return done, reasons
 
     def _append_token_ids(self, slots: Int32Array, tokens: Int32Array, known: Int32Array) -> None:
