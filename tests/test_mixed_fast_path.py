@@ -25,11 +25,13 @@ from phasesched import (
     Scheduler,
     SchedulerConfig,
     SchedulingPolicy,
+    Selection,
     StepPlan,
     StepResult,
     load_policy,
 )
 from phasesched.policies import DecodeFirst, FixedChunk
+from phasesched.policies.builder import AddResult, BatchBuilder
 from tests.strategies import PassThrough
 
 ARRAYS = (
@@ -250,3 +252,57 @@ class TestMixedFastPath:
         for policy in (attrs.evolve(base, priority=Mine()), attrs.evolve(base, priority=PassThrough(DecodeFirst()))):
             assert not Scheduler(SchedulerConfig(num_pages=64), policy)._mixed_fast_path
         assert Scheduler(SchedulerConfig(num_pages=64), base)._mixed_fast_path
+
+
+def prefill_states(draw: st.DrawFn) -> tuple[Scheduler, int]:
+    """A scheduler part-way through some prompts (FixedChunk(3) steps), and a chunk size to ask for."""
+    pages = draw(st.integers(8, 40))
+    policy = load_policy("sarathi", PolicyOptions(chunk_size=3, max_num_seqs=6, max_num_batched_tokens=12))
+    scheduler = Scheduler(SchedulerConfig(num_pages=pages, page_size=4, max_model_len=256), policy)
+    executor = DeterministicExecutor(vocab_size=VOCAB)
+    for i, arrival in enumerate(draw(st.lists(arrivals(), min_size=1, max_size=8))):
+        with contextlib.suppress(RequestRejectedError):
+            scheduler.add_request(request_of(i, arrival))
+    for _ in range(draw(st.integers(0, 12))):
+        plan = scheduler.schedule()
+        scheduler.update(plan, executor.execute(plan))
+    for i, arrival in enumerate(draw(st.lists(arrivals(), max_size=4)), start=100):  # they wait
+        with contextlib.suppress(RequestRejectedError):
+            scheduler.add_request(request_of(i, arrival))
+    return scheduler, draw(st.integers(1, 20))
+
+
+def selection_shape(selection: Selection) -> tuple[object, ...]:
+    """A selection as comparable values."""
+    return (
+        selection.running_slots.tolist(),
+        selection.running_tokens.tolist(),
+        selection.admitted,
+        selection.admitted_tokens,
+        selection.preempted,
+    )
+
+
+class TestPrefillChunkOfOneSlot:
+    @given(data=st.data(), decodes_first=st.booleans())
+    @settings(SETTINGS, max_examples=200)
+    def test_a_chunk_is_added_as_add_running_adds_it(self, data: st.DataObject, decodes_first: bool) -> None:
+        """``add_prefill_chunk`` (one slot, without arrays when it fits) leaves the builder as ``add_running`` does."""
+        scheduler, size = data.draw(st.composite(prefill_states)())
+        chunker = FixedChunk(size)
+        view = scheduler._view(0.0)
+        for slot in BatchBuilder(view, chunker, scheduler.policy.preemption).running_prefills().tolist():
+            one, many = (BatchBuilder(view, chunker, scheduler.policy.preemption) for _ in range(2))
+            if decodes_first:
+                one.add_decodes()
+                many.add_decodes()
+            result = one.add_prefill_chunk(slot)
+            tokens = min(size, int(view.num_tokens[slot] - view.num_computed[slot]), many.tokens_left)
+            added = many.add_running(np.array([slot], np.int32), np.array([tokens], np.int64)) if tokens else 0
+            assert (result is AddResult.ADDED) == bool(added)
+            for builder in (one, many):  # what admissions see next
+                for candidate in view.waiting():
+                    if builder.admit(candidate) is not AddResult.ADDED:
+                        break
+            assert selection_shape(one.build()) == selection_shape(many.build())
+            assert (one.tokens_left, one.pages_left, one.seq_room) == (many.tokens_left, many.pages_left, many.seq_room)

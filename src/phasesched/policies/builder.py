@@ -235,12 +235,15 @@ class BatchBuilder:
         if self._taken[slot]:
             return AddResult.UNAVAILABLE
         view = self.view
-        candidate = PrefillCandidate(
-            view.request(slot), int(view.num_computed[slot]), int(view.num_tokens[slot]), ongoing=True
-        )
+        computed = int(view.num_computed[slot])
+        candidate = PrefillCandidate(view.request(slot), computed, int(view.num_tokens[slot]), ongoing=True)
         size = self._chunk(candidate, exclude=slot)
         if size == 0:
             return AddResult.NO_TOKENS if self.tokens_left == 0 else AddResult.DECLINED
+        pages = max(view.pages_for(computed + size) - int(view.page_count[slot]), 0)
+        if size <= self.tokens_left and pages <= self.pages_left:  # add_running's "all fit", for one slot
+            self._take_one(slot, size, pages)
+            return AddResult.ADDED
         added = self.add_running(np.array([slot], np.int32), np.array([size], np.int64))
         return AddResult.ADDED if added else AddResult.NO_PAGES
 
@@ -357,6 +360,20 @@ class BatchBuilder:
                 self._reserve[slot] -= int(pages[hit[0]])
                 if int(num_new[hit[0]]) >= self._partial[slot]:
                     del self._partial[slot], self._reserve[slot]
+
+    def _take_one(self, slot: int, num_new: int, pages: int) -> None:
+        """:meth:`_take` for one slot, without arrays."""
+        self._slots.append(np.array([slot], dtype=np.int32))
+        self._tokens.append(np.array([num_new], dtype=np.int64))
+        self._running_batch = None
+        self._taken[slot] = True
+        self._any_taken = True
+        self.tokens_left -= num_new
+        self.pages_left -= pages
+        if slot in self._partial:
+            self._reserve[slot] -= pages
+            if num_new >= self._partial[slot]:
+                del self._partial[slot], self._reserve[slot]
 
     def _unschedule(self, slot: int) -> None:
         for i, (slots, tokens) in enumerate(zip(self._slots, self._tokens, strict=True)):
