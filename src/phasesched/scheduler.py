@@ -480,9 +480,12 @@ class Scheduler:
         journal = Journal()
         try:
             steady_ok = self._steady_fast_path and self._unsteady_at != self._version  # decode_run just said no
-            # While mixed steps keep their decodes, a step the steady path would build (every decode,
-            # nothing else) is the mixed path's too: it is tried first.
-            steady_ok = steady_ok and (self._core is None or not self._core.ready)
+            # While mixed steps keep their decodes beside prefills, or beside waiting requests that
+            # may be admitted, the steady path would not apply: the mixed path is tried first.
+            core = self._core
+            if steady_ok and core is not None and core.ready and core is not self._steady:
+                prefilling = len(core.running) < len(self._running)
+                steady_ok = not prefilling and (not len(self._waiting) or self._waiting_unseated())
             plan = self._steady_plan(journal) if steady_ok else None
             if plan is None and self._mixed_fast_path:
                 plan = self._mixed_plan(now, journal)
@@ -517,14 +520,22 @@ class Scheduler:
             if checked is None:
                 self._steady = None
                 return None
-            steady = self._steady = _SteadyBatch(self, checked.start, checked.known)
+            core = self._core
+            if core is not None and core.ready and len(core.running) == len(self._running):
+                # The mixed steps' decodes are every running request now: their batch goes on.
+                core.running = self._running  # the same slots in the same order (every one is a member)
+                steady = self._steady = core
+            else:
+                steady = self._steady = _SteadyBatch(self, checked.start, checked.known)
         kv, running, start = self._kv, steady.running, steady.next_start
         size = kv.page_size
-        grown, new_pages, starting = steady.pages_for_step(kv)
-        if (len(grown) if starting is not None else int(new_pages.sum())) > kv.num_free_pages:
-            return None  # the policy would preempt: let it
-        self._extend(grown, new_pages, journal)
-        steady.grow_tables(kv, starting, _NO_SLOTS)
+        starting = steady.groups[-steady.step % size] if steady.kv_indices is not None else None
+        if starting is None or len(starting):  # most steps start no page
+            grown, new_pages, starting = steady.pages_for_step(kv)
+            if (len(grown) if starting is not None else int(new_pages.sum())) > kv.num_free_pages:
+                return None  # the policy would preempt: let it
+            self._extend(grown, new_pages, journal)
+            steady.grow_tables(kv, starting, _NO_SLOTS)
         steady.step += 1
         kv_len = start + 1
         last_page_len = start % size
@@ -553,7 +564,7 @@ class Scheduler:
             new_requests=(),
             released=tuple(self._released),
         )
-        steady.plan = plan
+        steady.plan, steady.ready = plan, False
         self._next_step += 1
         if self._released:
             self._save_scalars(journal)
@@ -599,6 +610,7 @@ class Scheduler:
             return None  # the policy would take some of them, or preempt
         if alone:
             self._extend(grown, new_pages, journal)
+            self._steady = None  # it may be the core: its update is not the steady one now
             return self._mixed_step(core, _NOTHING_ELSE, starting=starting, admitted=_NO_SLOTS, new_requests=[])
         view = self._view(now)
         builder = BatchBuilder(view, self.policy.chunker, self.policy.preemption, is_decode=is_decode)
@@ -613,6 +625,7 @@ class Scheduler:
             rest, arrays=arrays, running=running, waiting=self._waiting, kv=kv, budget=budget, trusted=True
         )
         admitted, new_requests = self._extend_step(grown, new_pages, checked, journal)
+        self._steady = None  # it may be the core: its update is not the steady one now
         return self._mixed_step(core, checked, starting=starting, admitted=admitted, new_requests=new_requests)
 
     def _decode_core(self) -> _SteadyBatch | None:
@@ -884,6 +897,7 @@ class Scheduler:
         steady.next_start = kv_len
         steady.max_start += 1
         steady.to_length -= 1
+        steady.ready = True
         self._in_flight = None
         self._version += 1
         steady.version = self._version
