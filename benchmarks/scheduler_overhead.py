@@ -33,11 +33,12 @@ Usage::
 
     python benchmarks/scheduler_overhead.py [--ns 16,64,256,1024,4096] [--steps 200] [--json out.json]
         [--prefix-caching off|on|both] [--vllm-harness DIR] [--vllm-python PY] [--vllm-rounds 3]
-        [--compare-pythonpath SRC_DIR ...] [--only-vllm]
+        [--compare-pythonpath SRC_DIR ...] [--only-vllm] [--side-by-side-cache on|off]
 
 ``--compare-pythonpath`` adds, to the interleaved rounds, phasesched workers importing the
 package from other source trees (an older commit's ``src``, say), for before/after ratios
-measured in the same window.
+measured in the same window. ``--side-by-side-cache off`` turns prefix caching off on both sides
+of that comparison (vLLM's ``--no-prefix-caching``; ``ps_bench_no_cache.py`` for phasesched).
 """
 
 from __future__ import annotations
@@ -338,11 +339,14 @@ def side_by_side(args: argparse.Namespace) -> list[dict[str, object]]:
         "PYTHONHASHSEED": "0",
     }
     log = (out / "workers.log").open("a", encoding="utf-8")
-    sides = {"vllm": Worker("vllm", [args.vllm_python, "vllm_driver.py", "--serve"], bench_dir, log, env)}
-    sides["ours"] = Worker("ours", [sys.executable, "ps_bench.py", "--serve"], bench_dir, log, env)
+    cached = args.side_by_side_cache == "on"
+    vllm_argv = [args.vllm_python, "vllm_driver.py", "--serve", *([] if cached else ["--no-prefix-caching"])]
+    ours_argv = [sys.executable, "ps_bench.py" if cached else str(REPO / "benchmarks" / "ps_bench_no_cache.py")]
+    sides = {"vllm": Worker("vllm", vllm_argv, bench_dir, log, env)}
+    sides["ours"] = Worker("ours", [*ours_argv, "--serve"], bench_dir, log, env)
     for i, source in enumerate(args.compare_pythonpath):
         other = {**env, "PYTHONPATH": str(Path(source).resolve())}
-        sides[f"other{i}"] = Worker(f"other{i}", [sys.executable, "ps_bench.py", "--serve"], bench_dir, log, other)
+        sides[f"other{i}"] = Worker(f"other{i}", [*ours_argv, "--serve"], bench_dir, log, other)
     cases = [c for c in args.vllm_cases.split(",") if c]
     results: dict[tuple[str, str], list[dict[str, object]]] = {}
     try:
@@ -417,6 +421,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--vllm-rounds", type=int, default=3, help="interleaved rounds against vLLM")
     parser.add_argument("--vllm-lifecycles", type=int, default=2, help="request lifecycles per case and round")
     parser.add_argument("--vllm-cases", default=",".join(HARNESS_CASES), help="harness cases to compare")
+    parser.add_argument(
+        "--side-by-side-cache",
+        choices=("on", "off"),
+        default="on",
+        help="prefix caching of both schedulers against vLLM (on: the harness's default)",
+    )
     parser.add_argument("--no-vllm", action="store_true", help="skip the comparison with vLLM")
     parser.add_argument("--only-vllm", action="store_true", help="only the comparison with vLLM")
     parser.add_argument(
@@ -426,7 +436,10 @@ def main(argv: list[str] | None = None) -> int:
     document: dict[str, object] = {"python": sys.version}
     why_not = "--no-vllm" if args.no_vllm else find_vllm(Path(args.vllm_harness), args.vllm_python)
     if why_not is None:
-        print("vLLM 0.32 V1 scheduler vs phasesched, CPU us per step (schedule + update), interleaved rounds")
+        print(
+            "vLLM 0.32 V1 scheduler vs phasesched, CPU us per step (schedule + update), interleaved rounds, "
+            f"prefix caching {args.side_by_side_cache}"
+        )
         ratio_rows = side_by_side(args)
         print_ratio_table(ratio_rows, args.compare_pythonpath)
         document["vllm_side_by_side"] = ratio_rows

@@ -250,6 +250,11 @@ class PagedKVManager:
         self._check_open(slot)
         return _read_only(self._table[slot, : self._count[slot]])
 
+    def last_pages(self, slots: Int32Array) -> Int32Array:
+        """int32 ``[len(slots)]``: the last page of each of these tables (each must hold one)."""
+        pages: Int32Array = self._table[slots, self._count[slots] - 1]
+        return pages
+
     @property
     def page_counts(self) -> Int32Array:
         """int32 ``[S]``: pages per slot (read-only; free slots read 0)."""

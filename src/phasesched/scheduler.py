@@ -35,7 +35,7 @@ from phasesched.executor import StepResult
 from phasesched.journal import Journal
 from phasesched.kv import Claim, HeldKV, KVView, PagedKVManager
 from phasesched.plan import StepPlan, build_step_plan, token_positions
-from phasesched.policies.builder import BatchBuilder, checked_chunk
+from phasesched.policies.builder import BATCH_BLIND_CHUNKERS, BatchBuilder, checked_chunk
 from phasesched.policies.chunking import (
     BUILTIN_CHUNKERS,
     ChunkContext,
@@ -62,6 +62,7 @@ __all__ = ["FinishedRequest", "Scheduler", "SchedulerConfig", "StepOutcome"]
 Int32Array = NDArray[np.int32]
 _NO_SLOTS: Int32Array = np.empty(0, dtype=np.int32)
 _NO_SLOTS.flags.writeable = False
+_NOTHING_ELSE = CheckedSelection(Selection.empty(), _NO_SLOTS, _NO_SLOTS, np.empty(0, dtype=np.int64))
 
 
 def _expect(value: object, kind: type | tuple[type, ...], error: type[Exception], what: str) -> None:
@@ -104,12 +105,14 @@ class _SteadyBatch:
         "kv_indices",
         "kv_indptr",
         "max_start",
+        "member",
         "naming",
         "next_start",
         "ones",
         "plan",
         "prompt_len",
         "qo_indptr",
+        "ready",
         "request_ids",
         "running",
         "some_ids",
@@ -119,8 +122,11 @@ class _SteadyBatch:
         "version",
     )
 
-    def __init__(self, scheduler: Scheduler, start: Int32Array, known: Int32Array) -> None:
-        arrays, running, size = scheduler._arrays, scheduler._running, scheduler._kv.page_size  # noqa: SLF001
+    def __init__(
+        self, scheduler: Scheduler, start: Int32Array, known: Int32Array, running: Int32Array | None = None
+    ) -> None:
+        arrays, size = scheduler._arrays, scheduler._kv.page_size  # noqa: SLF001
+        running = scheduler._running if running is None else running  # noqa: SLF001
         n = len(running)
         self.running = running
         self.request_ids: tuple[str, ...] = tuple(arrays.ids[running].tolist())
@@ -153,6 +159,57 @@ class _SteadyBatch:
         self.kv_indices: Int32Array | None = None
         self.plan: StepPlan | None = None
         self.version = -1
+        # As the decode core of mixed steps (see Scheduler._mixed_plan): which slots it holds, and
+        # whether its last plan was applied (so ``next_start`` is each decode's computed tokens).
+        self.member: NDArray[np.bool_] = np.zeros(len(arrays.running), dtype=bool)
+        self.member[running] = True
+        self.ready = True
+
+    def members(self, slots: Int32Array) -> NDArray[np.bool_]:
+        """Which of ``slots`` the batch holds."""
+        if len(slots) and int(slots.max()) >= len(self.member):  # slots opened since it was built
+            self.member = np.concatenate([self.member, np.zeros(int(slots.max()) + 1 - len(self.member), bool)])
+        held: NDArray[np.bool_] = self.member[slots]
+        return held
+
+    def pages_for_step(self, kv: PagedKVManager) -> tuple[Int32Array, NDArray[np.int64], Int32Array | None]:
+        """The slots that grow in the next step, the pages each takes, and which of the batch they are.
+
+        The batch's first step grows whatever its tables lack (the third item is then ``None``);
+        later steps grow the group whose slices start a fresh page, one page each.
+        """
+        if self.kv_indices is None:
+            return self.running, kv.pages_to_grow(self.running, self.next_start + 1), None
+        starting: Int32Array = self.groups[-self.step % kv.page_size]
+        return self.running[starting], np.ones(len(starting), dtype=np.int64), starting
+
+    def grow_tables(self, kv: PagedKVManager, starting: Int32Array | None, rest: Int32Array) -> Int32Array:
+        """The step's ``kv_indices``: the batch's tables, once ``pages_for_step``'s pages are added, then ``rest``.
+
+        Keeps ``kv_indptr`` and ``kv_indices`` (a read-only view of the result's head) up to date.
+        """
+        indptr, indices = self.kv_indptr, self.kv_indices
+        if starting is None or indptr is None or indices is None:  # the first step: the tables as they stand
+            indptr, head = kv.gather(self.running, kv.page_counts[self.running])
+            out = np.concatenate([head, rest])
+        elif len(starting):
+            # Each appends one page: the new pages go after their tables' pages, the offsets shift.
+            size, count = len(indices), len(starting)
+            at = indptr[starting + 1] + np.arange(count, dtype=np.int32)
+            out = np.empty(size + count + len(rest), dtype=np.int32)
+            kept = np.ones(size + count, dtype=bool)
+            kept[at] = False
+            out[: size + count][kept] = indices
+            out[at] = kv.last_pages(self.running[starting])
+            out[size + count :] = rest
+            shift = np.zeros(len(indptr), dtype=np.int32)
+            shift[starting + 1] = 1
+            indptr = indptr + np.cumsum(shift, dtype=np.int32)
+        else:
+            return indices if not len(rest) else _frozen(np.concatenate([indices, rest]))
+        _frozen(out)
+        self.kv_indptr, self.kv_indices = _frozen(indptr), out[: int(indptr[-1])]
+        return out
 
 
 class _GroupNaming(NamedTuple):
@@ -281,6 +338,16 @@ class Scheduler:
         # priorities that are known (and property-tested) to schedule every decode then.
         self._steady_fast_path = type(self.policy.priority) in EVERY_DECODE_PRIORITIES
         self._steady: _SteadyBatch | None = None  # valid while its version is the scheduler's
+        # Mixed steps (decodes beside prefill chunks or admissions) keep their decodes' part from
+        # step to step, for decode-first with a chunk sizer that never reads the batch and no
+        # preemption for waiting requests: the policy is then only asked about the rest.
+        self._mixed_fast_path = (
+            type(self.policy.priority) is DecodeFirst
+            and type(self.policy.chunker) in BATCH_BLIND_CHUNKERS
+            and type(self.policy.preemption) is PreemptionPolicy
+            and not self.policy.preemption.preempt_for_waiting
+        )
+        self._core: _SteadyBatch | None = None  # the decodes of the mixed plans, while they decode (_mixed_plan)
         # Waiting requests leave a steady step as it is once the sequence cap is reached, if the
         # policy never preempts for them and its chunk sizer is a built-in one: the priority then
         # asks the chunk sizer about one (a plugin's answer could raise) and finds no seat.
@@ -367,6 +434,7 @@ class Scheduler:
         self._version += 1
         if self._in_flight is not None and seq.slot >= 0 and np.any(self._in_flight.slots == seq.slot):
             self._arrays.abort_pending[seq.slot] = True
+            self._core = None  # the plan's update retires it: the general update sees to that
             return None
         return self._end(seq, RequestStatus.ABORTED, FinishReason.ABORTED)
 
@@ -442,14 +510,24 @@ class Scheduler:
         journal = Journal()
         try:
             steady_ok = self._steady_fast_path and self._unsteady_at != self._version  # decode_run just said no
+            # While mixed steps keep their decodes beside prefills, or beside waiting requests that
+            # may be admitted, the steady path would not apply: the mixed path is tried first.
+            core = self._core
+            if steady_ok and core is not None and core.ready and core is not self._steady:
+                prefilling = len(core.running) < len(self._running)
+                steady_ok = not prefilling and (not len(self._waiting) or self._waiting_unseated())
             plan = self._steady_plan(journal) if steady_ok else None
+            if plan is None and self._mixed_fast_path:
+                plan = self._mixed_plan(now, journal)
             if plan is None:
                 self._name_pending()
                 plan = self._commit(self._ask_policy(now), journal)
         except BaseException:
             journal.rollback()
-            self._steady = None  # it may have moved on with the rolled-back step
+            self._steady = self._core = None  # they may have moved on with the rolled-back step
             raise
+        if self._core is not None and self._core.plan is not plan:
+            self._core = None  # its decodes moved on without it
         self._in_flight = plan
         self._version += 1
         steady = self._steady
@@ -474,30 +552,22 @@ class Scheduler:
             if checked is None:
                 self._steady = None
                 return None
-            steady = self._steady = _SteadyBatch(self, checked.start, checked.known)
+            core = self._core
+            if core is not None and core.ready and len(core.running) == len(self._running):
+                # The mixed steps' decodes are every running request now: their batch goes on.
+                core.running = self._running  # the same slots in the same order (every one is a member)
+                steady = self._steady = core
+            else:
+                steady = self._steady = _SteadyBatch(self, checked.start, checked.known)
         kv, running, start = self._kv, steady.running, steady.next_start
         size = kv.page_size
-        starting = steady.groups[-steady.step % size]  # slices that start a fresh page in this step
-        indptr, indices = steady.kv_indptr, steady.kv_indices
-        if indptr is None or indices is None:  # the batch's first step: its tables as they stand
-            new_pages = kv.pages_to_grow(running, start + 1)
-            if int(new_pages.sum()) > kv.num_free_pages:
+        starting = steady.groups[-steady.step % size] if steady.kv_indices is not None else None
+        if starting is None or len(starting):  # most steps start no page
+            grown, new_pages, starting = steady.pages_for_step(kv)
+            if (len(grown) if starting is not None else int(new_pages.sum())) > kv.num_free_pages:
                 return None  # the policy would preempt: let it
-            self._extend(running, new_pages, journal)
-            indptr, indices = kv.gather(running, kv.page_counts[running])
-            steady.kv_indptr, steady.kv_indices = _frozen(indptr), _frozen(indices)
-        elif len(starting):
-            if len(starting) > kv.num_free_pages:
-                return None  # the policy would preempt: let it
-            grown = running[starting]
-            self._extend(grown, np.ones(len(grown), dtype=np.int64), journal)
-            # Each appends one page: insert them after their tables' pages, shift the offsets.
-            fresh = kv.gather(grown, kv.page_counts[grown])
-            indices = np.insert(indices, indptr[1:][starting], fresh[1][fresh[0][1:] - 1])
-            shift = np.zeros(len(indptr), dtype=np.int32)
-            shift[starting + 1] = 1
-            indptr = indptr + np.cumsum(shift, dtype=np.int32)
-            steady.kv_indptr, steady.kv_indices = _frozen(indptr), _frozen(indices)
+            self._extend(grown, new_pages, journal)
+            steady.grow_tables(kv, starting, _NO_SLOTS)
         steady.step += 1
         kv_len = start + 1
         last_page_len = start % size
@@ -526,13 +596,229 @@ class Scheduler:
             new_requests=(),
             released=tuple(self._released),
         )
-        steady.plan = plan
+        steady.plan, steady.ready = plan, False
         self._next_step += 1
         if self._released:
             self._save_scalars(journal)
             self._released = []
         self._carried_preempted = []
         return plan
+
+    def _mixed_plan(self, now: float, journal: Journal) -> StepPlan | None:
+        """The next step with every running decode and the policy's chunks and admissions, if they all fit.
+
+        Decode-first schedules every running decode first when the token budget and the free
+        pages hold them all, then asks its chunk sizer about the ongoing prefills and admits
+        waiting requests (:meth:`DecodeFirst.fill_after_decodes`). The decodes' part of the
+        plan is kept from step to step as the steady step keeps it (a :class:`_SteadyBatch`,
+        the *core*, while the same requests decode), so only the rest is asked and built.
+        ``None`` (nothing changed) when the decodes do not all fit or the rest would preempt:
+        the policy then plans the step in full. Gives exactly the plan :meth:`_commit` would
+        build for the policy's selection (``tests/test_mixed_fast_path.py`` holds them together).
+        """
+        self._name_pending()  # admissions claim cached pages: they must find the steady steps' pages named
+        core = self._core
+        if core is None or not core.ready:
+            core = self._core = self._decode_core()
+            if core is None:
+                return None
+        running, arrays, kv = self._running, self._arrays, self._kv
+        # Every running request decodes and nobody waiting can be seated (see _seated_steady,
+        # which holds for this path's policies): decode-first then adds nothing after the decodes.
+        alone = len(core.running) == len(running) and (not len(self._waiting) or self._waiting_unseated())
+        is_decode = core.trues if len(core.running) == len(running) else core.members(running)
+        if len(core.running) < len(running):  # the others must all be prefills, as they were
+            others = running[~is_decode]
+            computed = arrays.computed[others]
+            if np.count_nonzero((arrays.known[others] - computed == 1) & (computed >= arrays.prompt_len[others])):
+                core = self._core = self._decode_core()  # a prefill completed: it decodes now
+                if core is None:
+                    return None
+                is_decode = core.members(running)
+                alone = len(core.running) == len(running) and (not len(self._waiting) or self._waiting_unseated())
+        grown, new_pages, starting = core.pages_for_step(kv)
+        growth = len(grown) if starting is not None else int(new_pages.sum())
+        budget = self.policy.budget
+        if len(core.running) > budget.max_num_batched_tokens or growth > kv.num_free_pages:
+            return None  # the policy would take some of them, or preempt
+        if alone:
+            self._extend(grown, new_pages, journal)
+            self._steady = None  # it may be the core: its update is not the steady one now
+            return self._mixed_step(core, _NOTHING_ELSE, starting=starting, admitted=_NO_SLOTS, new_requests=[])
+        view = self._view(now)
+        builder = BatchBuilder(view, self.policy.chunker, self.policy.preemption, is_decode=is_decode)
+        builder.take_decodes(core.running, growth)
+        priority = self.policy.priority
+        assert isinstance(priority, DecodeFirst)  # _mixed_fast_path's promise
+        priority.fill_after_decodes(view, builder)
+        rest = builder.build_rest()
+        if rest is None:
+            return None
+        checked = check_selection(
+            rest, arrays=arrays, running=running, waiting=self._waiting, kv=kv, budget=budget, trusted=True
+        )
+        admitted, new_requests = self._extend_step(grown, new_pages, checked, journal)
+        self._steady = None  # it may be the core: its update is not the steady one now
+        return self._mixed_step(core, checked, starting=starting, admitted=admitted, new_requests=new_requests)
+
+    def _decode_core(self) -> _SteadyBatch | None:
+        """A fresh core of the running decodes, in admission order; ``None`` if nobody decodes."""
+        running, arrays = self._running, self._arrays
+        if not len(running):
+            return None
+        start, known = arrays.computed[running], arrays.known[running]
+        is_decode = (known - start == 1) & (start >= arrays.prompt_len[running])
+        if not np.count_nonzero(is_decode):
+            return None
+        decodes = _frozen(running[is_decode])
+        return _SteadyBatch(self, start[is_decode], known[is_decode], decodes)
+
+    def _extend_step(
+        self, grown: Int32Array, new_pages: NDArray[np.int64], checked: CheckedSelection, journal: Journal
+    ) -> tuple[Int32Array, list[Request]]:
+        """Commit a mixed step's admissions and pages in :meth:`_commit`'s order (the same pages for the same tables).
+
+        Returns:
+            The admitted requests' slots and the requests.
+        """
+        selection = checked.selection
+        if selection.admitted:
+            self._save_scalars(journal)
+        if self._claims:  # the last plan's claims: it was updated or abandoned
+            claims = self._claims
+            self._claims = {}
+            journal.record(functools.partial(setattr, self, "_claims", claims))
+        admitted, new_requests = _NO_SLOTS, list[Request]()
+        if selection.admitted:
+            admitted, new_requests = self._admit(selection.admitted, checked.admitted_cached, journal)
+        self._extend(
+            np.concatenate([grown, selection.running_slots]), np.concatenate([new_pages, checked.new_pages]), journal
+        )
+        if len(admitted):
+            tokens = np.asarray(selection.admitted_tokens, dtype=np.int32)
+            self._extend(admitted, self._kv.pages_to_grow(admitted, self._arrays.computed[admitted] + tokens), journal)
+        return admitted, new_requests
+
+    def _mixed_step(
+        self,
+        core: _SteadyBatch,
+        checked: CheckedSelection,
+        *,
+        starting: Int32Array | None,
+        admitted: Int32Array,
+        new_requests: list[Request],
+    ) -> StepPlan:
+        """The plan of a mixed step: the core's decodes (its kept arrays), then the rest's slices."""
+        arrays, kv, selection = self._arrays, self._kv, checked.selection
+        slots, start, known, num_new = selection.running_slots, checked.start, checked.known, selection.running_tokens
+        if len(admitted):
+            tokens = np.asarray(selection.admitted_tokens, dtype=np.int32)
+            slots = np.concatenate([slots, admitted])
+            start = np.concatenate([start, arrays.computed[admitted]])
+            known = np.concatenate([known, arrays.known[admitted]])
+            num_new = np.concatenate([num_new, tokens])
+        n, size = len(core.running), kv.page_size
+        indptr, indices = kv.gather(slots, kv.page_counts[slots])
+        kv_indices = core.grow_tables(kv, starting, indices)
+        assert core.kv_indptr is not None
+        decoded = core.next_start + 1
+        if len(slots):
+            rest_len = start + num_new
+            qo_indptr = np.empty(n + len(slots) + 1, dtype=np.int32)
+            qo_indptr[: n + 1] = core.qo_indptr
+            np.cumsum(num_new, out=qo_indptr[n + 1 :])
+            qo_indptr[n + 1 :] += n
+            kv_len = np.concatenate([decoded, rest_len])
+            slots, start, num_new, prompt_len, samples, kv_indptr, positions = (
+                np.concatenate([core.running, slots]),
+                np.concatenate([core.next_start, start]),
+                np.concatenate([core.ones, num_new]),
+                np.concatenate([core.prompt_len, arrays.prompt_len[slots]]),
+                np.concatenate([core.trues, rest_len == known]),
+                np.concatenate([core.kv_indptr, indptr[1:] + core.kv_indptr[-1]]),
+                core.next_start,  # the decodes' part: the rest is written below
+            )
+            request_ids = core.request_ids + tuple(arrays.ids[slots[n:]].tolist())
+            positions, input_ids = self._rest_tokens(core, slots[n:], start[n:], num_new[n:], known)
+        else:  # the decodes alone: the steady step's plan
+            qo_indptr, kv_len, request_ids = core.qo_indptr, decoded, core.request_ids
+            slots, start, num_new, prompt_len, samples, kv_indptr, positions = (
+                core.running,
+                core.next_start,
+                core.ones,
+                core.prompt_len,
+                core.trues,
+                core.kv_indptr,
+                core.next_start,
+            )
+            input_ids = arrays.last_token[core.running] if core.all_ids else None
+        last_page_len = (kv_len - 1) % size
+        last_page_len += 1
+        plan = StepPlan(
+            step_id=self._next_step,
+            request_ids=request_ids,
+            slots=_frozen(slots),
+            start=_frozen(start),
+            num_new=_frozen(num_new),
+            prompt_len=_frozen(prompt_len),
+            samples=samples if samples is core.trues else _frozen(samples),  # type: ignore[arg-type]
+            qo_indptr=_frozen(qo_indptr),
+            kv_indptr=_frozen(kv_indptr),
+            kv_indices=kv_indices,
+            kv_last_page_len=_frozen(last_page_len),
+            kv_len=_frozen(kv_len),
+            positions=_frozen(positions),
+            input_ids=None if input_ids is None else _frozen(input_ids),
+            page_size=size,
+            preempted=tuple(self._carried_preempted),
+            new_requests=tuple(new_requests),
+            released=tuple(self._released),
+        )
+        core.step += 1
+        core.plan, core.ready = plan, False
+        self._next_step += 1
+        self._released = []  # nothing raises from here on: the step is committed
+        self._carried_preempted = []
+        return plan
+
+    def _rest_tokens(
+        self, core: _SteadyBatch, slots: Int32Array, start: Int32Array, num_new: Int32Array, known: Int32Array
+    ) -> tuple[Int32Array, Int32Array | None]:
+        """A mixed step's ``positions`` and ``input_ids``: the core's decodes, then slices ``slots``."""
+        arrays, n = self._arrays, len(core.running)
+        total = n + int(num_new.sum())
+        positions = np.empty(total, dtype=np.int32)
+        positions[:n] = core.next_start
+        ids = None
+        if core.all_ids and np.count_nonzero(arrays.has_ids[slots]) == len(slots):
+            ids = np.empty(total, dtype=np.int32)
+            np.take(arrays.last_token, core.running, out=ids[:n])
+        if len(slots) > 8:  # many slices: vectorized
+            positions[n:] = token_positions(start, num_new)
+            if ids is not None:
+                rest_ids = self._input_ids(slots, start, num_new, known)
+                assert rest_ids is not None
+                ids[n:] = rest_ids
+            return positions, ids
+        rows, at = arrays.tokens.ids, n
+        for slot, begin, length in zip(slots.tolist(), start.tolist(), num_new.tolist(), strict=True):
+            np.add(np.arange(length, dtype=np.int32), begin, out=positions[at : at + length])
+            if ids is not None:
+                ids[at : at + length] = rows[slot, begin : begin + length]
+            at += length
+        return positions, ids
+
+    def _view(self, now: float) -> SchedulerView:
+        return SchedulerView(
+            now=now,
+            budget=self.policy.budget,
+            kv=self._kv,
+            arrays=self._arrays,
+            running=self._running,
+            waiting=self._waiting,
+            max_model_len=self.config.max_model_len,
+            rerank=self._rerank,
+        )
 
     def _save_scalars(self, journal: Journal) -> None:
         """Record how to restore the running order and pending releases (before a step retires or admits)."""
@@ -545,16 +831,7 @@ class Scheduler:
 
     def _ask_policy(self, now: float) -> CheckedSelection:
         """The policy's selection for this step, checked before anything changes."""
-        view = SchedulerView(
-            now=now,
-            budget=self.policy.budget,
-            kv=self._kv,
-            arrays=self._arrays,
-            running=self._running,
-            waiting=self._waiting,
-            max_model_len=self.config.max_model_len,
-            rerank=self._rerank,
-        )
+        view = self._view(now)
         builder = BatchBuilder(view, self.policy.chunker, self.policy.preemption)
         selection: object = self.policy.priority.select(view, builder)  # a plugin may return anything
         if not isinstance(selection, Selection):
@@ -591,14 +868,25 @@ class Scheduler:
             outcome = self._steady_update(steady, plan, result)
             if outcome is not None:
                 return outcome
-        self._name_pending()
+        self._name_pending()  # mixed and general updates name pages as they fill
+        core = self._core
+        if core is not None and core.plan is plan:
+            outcome = self._mixed_update(core, plan, result)
+            if outcome is not None:
+                return outcome
         journal = Journal()
         try:
             finished = self._apply(plan, result, journal)
         except BaseException:
             journal.rollback()
             raise
-        self._prefilling = self._prefills_left(plan)
+        self._prefilling = self._prefills_left(plan.slots, plan.kv_len, plan.samples)
+        core = self._core
+        if core is not None and core.plan is plan:  # its decodes each computed one token; none finished
+            core.next_start = plan.kv_len[: len(core.running)]
+            core.max_start += 1
+            core.to_length -= 1
+            core.ready = True
         self._in_flight = None
         self._version += 1
         new_tokens = np.where(plan.samples, result.token_ids, -1).astype(np.int32)
@@ -642,6 +930,7 @@ class Scheduler:
         steady.next_start = kv_len
         steady.max_start += 1
         steady.to_length -= 1
+        steady.ready = True
         self._in_flight = None
         self._version += 1
         steady.version = self._version
@@ -650,6 +939,73 @@ class Scheduler:
             request_ids=plan.request_ids,
             new_token_ids=tokens.copy(),
             finished=(),
+            duration_s=result.duration_s,
+        )
+
+    def _mixed_update(self, core: _SteadyBatch, plan: StepPlan, result: StepResult) -> StepOutcome | None:
+        """Apply a mixed plan's result: its decodes as the steady update does, the rest as :meth:`_apply` does.
+
+        ``None`` (nothing changed) when one of the decodes might finish: the general update then
+        applies the whole plan.
+        """
+        n, tokens = len(core.running), result.token_ids
+        if core.to_length <= 1 or result.finished is not None or core.any_stop:
+            return None
+        if core.any_eos and np.count_nonzero(tokens[:n] == core.eos):
+            return None
+        arrays, slots, kv_len, samples = self._arrays, plan.slots, plan.kv_len, plan.samples
+        decodes, rest, rest_len = core.running, slots[n:], kv_len[n:]
+        last_token = arrays.last_token[slots]  # a copy, for the undo
+        journal = Journal()
+
+        def undo() -> None:  # as _apply's
+            arrays.computed[slots], arrays.last_token[slots] = plan.start, last_token
+            arrays.known[slots[samples]] = kv_len[samples]
+
+        journal.record(undo)
+        try:
+            arrays.computed[slots] = kv_len
+            decoded = kv_len[:n]
+            arrays.known[decodes] = decoded + 1
+            arrays.last_token[decodes] = tokens[:n]
+            if core.all_ids:
+                arrays.tokens.write(decodes, decoded, tokens[:n], max_position=core.max_start + 1)
+            elif core.some_ids:
+                index = core.id_index
+                arrays.tokens.write(decodes[index], decoded[index], tokens[:n][index])
+            done, reasons = None, list[FinishReason]()
+            if np.count_nonzero(samples[n:]) or np.count_nonzero(arrays.abort_pending[rest]):
+                done, reasons = self._record_tokens(rest, samples[n:], tokens[n:], None)
+            if self._kv.prefix_caching:
+                filled = core.groups[-core.step % self._kv.page_size]  # their last pages filled in this step
+                self._register_pages(
+                    np.concatenate([decodes[filled], rest]), np.concatenate([decoded[filled], rest_len]), journal
+                )
+            finished: tuple[FinishedRequest, ...] = ()
+            if reasons:
+                assert done is not None
+                self._save_scalars(journal)
+                finished = self._finish(rest[done], reasons, journal)
+        except BaseException:
+            journal.rollback()
+            raise
+        self._prefilling = self._prefills_left(rest, rest_len, samples[n:]) if len(rest) else _NO_SLOTS
+        core.next_start = decoded
+        core.max_start += 1
+        core.to_length -= 1
+        core.ready = True
+        self._in_flight = None
+        self._version += 1
+        new_tokens = (
+            np.concatenate([tokens[:n], np.where(samples[n:], tokens[n:], -1)]).astype(np.int32)
+            if len(rest)
+            else tokens.astype(np.int32)  # a copy
+        )
+        return StepOutcome(
+            step_id=plan.step_id,
+            request_ids=plan.request_ids,
+            new_token_ids=new_tokens,
+            finished=finished,
             duration_s=result.duration_s,
         )
 
@@ -665,7 +1021,7 @@ class Scheduler:
 
         journal.record(undo)
         arrays.computed[slots] = plan.kv_len
-        done, reasons = self._record_tokens(plan, result)
+        done, reasons = self._record_tokens(slots, plan.samples, result.token_ids, result.finished)
         if self._kv.prefix_caching:
             self._register_pages(slots, plan.kv_len, journal)
         if not reasons:
@@ -673,12 +1029,21 @@ class Scheduler:
         self._save_scalars(journal)
         return self._finish(slots[done], reasons, journal)
 
-    def _prefills_left(self, plan: StepPlan) -> Int32Array:
-        """Slots of ``plan``'s unsampled slices whose prefill is still under way once it is applied."""
-        partial = np.flatnonzero(~plan.samples)
+    def _prefills_left(self, slots: Int32Array, kv_len: Int32Array, samples: NDArray[np.bool_]) -> Int32Array:
+        """Slots of a plan's unsampled slices whose prefill is still under way once it is applied."""
+        arrays = self._arrays
+        if len(slots) <= 8:  # a few slices (a mixed step's rest): one by one
+            known, prompt_len = arrays.known, arrays.prompt_len
+            few = [
+                slot
+                for slot, computed, sampled in zip(slots.tolist(), kv_len.tolist(), samples.tolist(), strict=True)
+                if not sampled and (known[slot] - computed != 1 or computed < prompt_len[slot])
+            ]
+            return np.array(few, dtype=np.int32) if few else _NO_SLOTS
+        partial = np.flatnonzero(~samples)
         if not len(partial):
             return _NO_SLOTS
-        arrays, slots, computed = self._arrays, plan.slots[partial], plan.kv_len[partial]
+        slots, computed = slots[partial], kv_len[partial]
         # _steady_step's test: more than one token left to feed, or the prompt not yet computed.
         under_way = (arrays.known[slots] - computed != 1) | (computed < arrays.prompt_len[slots])
         left: Int32Array = slots[under_way]
@@ -712,6 +1077,7 @@ class Scheduler:
             raise InvalidPlanError(msg)
         self._in_flight = None
         self._version += 1
+        self._core = None  # its decodes did not compute the plan's tokens
         arrays, slots, journal = self._arrays, plan.slots, Journal()
         aborted = arrays.abort_pending[slots]
         finished = self._finish(slots[aborted], [FinishReason.ABORTED] * int(aborted.sum()), journal)
@@ -791,6 +1157,7 @@ class Scheduler:
         if not is_int(num_steps) or not 1 <= num_steps <= run.max_steps:
             msg = f"num_steps must be in [1, {run.max_steps}], got {num_steps}"
             raise InvalidPlanError(msg)
+        self._core = None  # its decodes move on without plans
         journal = Journal()
         try:
             finished = self._advance(run.slots, int(num_steps), journal)
@@ -1311,6 +1678,8 @@ class Scheduler:
     def _retire(self, slots: Int32Array, journal: Journal) -> None:
         """Free the KV of running ``slots`` and take them off the running set."""
         arrays = self._arrays
+        if self._core is not None and np.count_nonzero(self._core.members(slots)):
+            self._core = None  # one of its decodes leaves
         seqs: list[SequenceState] = arrays.seqs[slots].tolist()
         progress = [(seq.outputs, seq.num_generated) for seq in seqs]
         freed = self._kv.free_many(slots)
@@ -1325,6 +1694,10 @@ class Scheduler:
         arrays = self._arrays
         if not len(slots) or np.count_nonzero(arrays.has_ids[slots]) < len(slots):
             return None
+        if len(slots) <= 8:  # a few slices (a mixed step's chunks and admissions): a row slice each
+            rows = arrays.tokens.ids
+            parts = zip(slots.tolist(), start.tolist(), num_new.tolist(), strict=True)
+            return np.concatenate([rows[slot, begin : begin + length] for slot, begin, length in parts])
         total = int(num_new.sum())
         if len(slots) == total and np.array_equal(start, known - 1):
             last: Int32Array = arrays.last_token[slots]  # all decodes: each feeds its last token
@@ -1343,10 +1716,14 @@ class Scheduler:
             ids[first[i] : first[i] + length] = rows[slots[i], begin : begin + length]
         return ids
 
-    def _record_tokens(self, plan: StepPlan, result: StepResult) -> tuple[NDArray[np.bool_], list[FinishReason]]:
-        """Record sampled tokens; return which slices finish, and why, in slice order."""
-        arrays, slots, sampled = self._arrays, plan.slots, plan.samples
-        s_slots, s_tokens = slots[sampled], result.token_ids[sampled]
+    def _record_tokens(
+        self, slots: Int32Array, sampled: NDArray[np.bool_], token_ids: Int32Array, finished: NDArray[np.bool_] | None
+    ) -> tuple[NDArray[np.bool_], list[FinishReason]]:
+        """Record the sampled tokens of slices ``slots``; return which of them finish, and why, in slice order."""
+        if len(slots) <= 8:
+            return self._record_few(slots, sampled, token_ids, finished)
+        arrays = self._arrays
+        s_slots, s_tokens = slots[sampled], token_ids[sampled]
         known = arrays.known[s_slots] + 1
         arrays.known[s_slots] = known
         arrays.last_token[s_slots] = s_tokens
@@ -1357,10 +1734,10 @@ class Scheduler:
         self._append_token_ids(s_slots, s_tokens, known)
         stop_sets = np.flatnonzero(sampled & arrays.has_stop_set[slots])
         for i in stop_sets.tolist():
-            by_stop[i] |= int(result.token_ids[i]) in arrays.stop_sets[int(slots[i])]
+            by_stop[i] |= int(token_ids[i]) in arrays.stop_sets[int(slots[i])]
         done = by_length | by_stop | arrays.abort_pending[slots]
-        if result.finished is not None:
-            done |= result.finished
+        if finished is not None:
+            done |= finished
         if not np.count_nonzero(done):
             return done, []
         aborted = arrays.abort_pending[slots[done]]
@@ -1374,6 +1751,44 @@ class Scheduler:
             else FinishReason.EXECUTOR
             for a, s, n in zip(aborted.tolist(), by_stop[done].tolist(), by_length[done].tolist(), strict=True)
         ]
+        return done, reasons
+
+    def _record_few(
+        self, slots: Int32Array, sampled: NDArray[np.bool_], token_ids: Int32Array, finished: NDArray[np.bool_] | None
+    ) -> tuple[NDArray[np.bool_], list[FinishReason]]:
+        """:meth:`_record_tokens` for a few slices (a mixed step's rest, a small batch), one by one."""
+        arrays = self._arrays
+        done = np.zeros(len(slots), dtype=bool)
+        reasons: list[FinishReason] = []
+        written: list[tuple[int, int, int]] = []
+        ends = [False] * len(slots) if finished is None else finished.tolist()
+        slices = zip(slots.tolist(), sampled.tolist(), token_ids.tolist(), strict=True)
+        for i, (slot, samples, token) in enumerate(slices):
+            by_stop = by_length = False
+            if samples:
+                known = int(arrays.known[slot]) + 1
+                arrays.known[slot], arrays.last_token[slot] = known, token
+                by_length = known >= arrays.max_known[slot]
+                by_stop = token == arrays.eos[slot] or (
+                    bool(arrays.has_stop_set[slot]) and token in arrays.stop_sets[slot]
+                )
+                if arrays.has_ids[slot]:
+                    written.append((slot, known - 1, token))
+            aborted = bool(arrays.abort_pending[slot])
+            if aborted or by_stop or by_length or ends[i]:
+                done[i] = True
+                reasons.append(
+                    FinishReason.ABORTED
+                    if aborted
+                    else FinishReason.STOP
+                    if by_stop
+                    else FinishReason.LENGTH
+                    if by_length
+                    else FinishReason.EXECUTOR
+                )
+        if written:
+            rows, positions, tokens = (np.array(column, dtype=np.int32) for column in zip(*written, strict=True))
+            arrays.tokens.write(rows, positions, tokens)
         return done, reasons
 
     def _append_token_ids(self, slots: Int32Array, tokens: Int32Array, known: Int32Array) -> None:

@@ -146,7 +146,12 @@ def check_selection(  # noqa: PLR0913 -- the state a proposal is checked against
     slots, tokens = selection.running_slots, selection.running_tokens
     if trusted:
         start = arrays.computed[slots]
-        cached = _check_admitted(selection, waiting, kv)[2] if selection.admitted else ()
+        if not selection.admitted:
+            cached: tuple[int, ...] = ()
+        elif kv.prefix_caching:
+            cached = _check_admitted(selection, waiting, kv)[2]
+        else:  # nothing cached to look up
+            cached = (0,) * len(selection.admitted)
         return CheckedSelection(selection, start, arrays.known[slots], kv.pages_to_grow(slots, start + tokens), cached)
     _require(len(slots) == len(tokens), "running_slots and running_tokens differ in length")
     _require(len(selection.admitted) == len(selection.admitted_tokens), "admitted and admitted_tokens differ in length")

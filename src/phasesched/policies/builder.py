@@ -26,14 +26,14 @@ if TYPE_CHECKING:
     from phasesched.policies.chunking import ChunkSizer
     from phasesched.policies.preemption import PreemptionPolicy
 
-__all__ = ["AddResult", "BatchBuilder", "checked_chunk"]
+__all__ = ["BATCH_BLIND_CHUNKERS", "AddResult", "BatchBuilder", "checked_chunk"]
 
 Int32Array = NDArray[np.int32]
 Int64Array = NDArray[np.int64]
 
 # Built-in chunk sizers that size a slice from the budget and the partial prefills alone, never
 # from the batch's slices: they are given empty arrays for those (exact types: a subclass may read them).
-_BATCH_BLIND: frozenset[type] = frozenset({NoChunking, FixedChunk, LongPrefillThreshold})
+BATCH_BLIND_CHUNKERS: frozenset[type] = frozenset({NoChunking, FixedChunk, LongPrefillThreshold})
 _NO_TOKENS: Int64Array = np.empty(0, dtype=np.int64)
 _NO_TOKENS.flags.writeable = False
 
@@ -87,7 +87,14 @@ class BatchBuilder:
 
     """
 
-    def __init__(self, view: SchedulerView, chunker: ChunkSizer, preemption: PreemptionPolicy) -> None:
+    def __init__(
+        self,
+        view: SchedulerView,
+        chunker: ChunkSizer,
+        preemption: PreemptionPolicy,
+        *,
+        is_decode: NDArray[np.bool_] | None = None,
+    ) -> None:
         self.view = view
         self.chunker = chunker
         self.preemption = preemption
@@ -103,19 +110,20 @@ class BatchBuilder:
         self._admitted: list[tuple[WaitingCandidate, int]] = []
         self._running_batch: tuple[Int64Array, Int64Array] | None = None  # (num_new, kv_len) of _slots, cached
         running = view.running
-        computed = view.num_computed[running]
-        remaining = view.num_tokens[running] - computed  # in running order
-        # A decode feeds one generated token (phase_of's rule); a prompt's last token is prefill.
-        self._is_decode = (remaining == 1) & (computed >= view.prompt_len[running])
-        in_prefill = ~self._is_decode
+        if is_decode is None:
+            computed = view.num_computed[running]
+            # A decode feeds one generated token (phase_of's rule); a prompt's last token is prefill.
+            is_decode = (view.num_tokens[running] - computed == 1) & (computed >= view.prompt_len[running])
+        self._is_decode = is_decode  # in running order
         # Unfinished prefills after this step, by slot (running) or id (admitted): tokens left ...
         self._partial: dict[int | str, int] = {}
         # ... and the pages they still need to finish, which admissions must leave them.
         self._reserve: dict[int | str, int] = {}
-        if np.count_nonzero(in_prefill):
-            pending = running[in_prefill]
+        if np.count_nonzero(is_decode) < len(running):
+            pending = running[~is_decode]
+            remaining = view.num_tokens[pending] - view.num_computed[pending]
             outstanding = -(-view.num_tokens[pending] // view.page_size) - view.page_count[pending]
-            self._partial = dict(zip(pending.tolist(), remaining[in_prefill].tolist(), strict=True))
+            self._partial = dict(zip(pending.tolist(), remaining.tolist(), strict=True))
             self._reserve = dict(zip(pending.tolist(), outstanding.tolist(), strict=True))
 
     # ---------------------------------------------------------------- candidates
@@ -195,17 +203,47 @@ class BatchBuilder:
             slots, num_new = slots[k:][keep], num_new[k:][keep]
         return added
 
+    def take_decodes(self, slots: Int32Array, num_pages: int) -> None:
+        """Add every running decode at once, as :meth:`add_decodes` does when they all fit (internal).
+
+        The scheduler's mixed-step fast path calls this on a fresh builder with the decodes it
+        keeps from step to step (``slots``: :meth:`running_decodes`, in admission order) and the
+        pages their step takes (``num_pages``), having checked that the token budget and the
+        free pages hold them all; the builder is then as :meth:`add_decodes` would leave it.
+        """
+        self._slots.append(slots)
+        self._tokens.append(np.ones(len(slots), dtype=np.int64))
+        self._running_batch = None
+        self._taken[slots] = True
+        self._any_taken = True
+        self.tokens_left -= len(slots)
+        self.pages_left -= num_pages
+
+    def build_rest(self) -> Selection | None:
+        """The selection of what was added after :meth:`take_decodes`; ``None`` if anyone was preempted (internal)."""
+        if self._preempted or self._memory_bound:
+            return None
+        return Selection(
+            running_slots=_joined(self._slots[1:], np.int32),
+            running_tokens=_joined(self._tokens[1:], np.int32),
+            admitted=tuple(c.request_id for c, _ in self._admitted),
+            admitted_tokens=tuple(n for _, n in self._admitted),
+        )
+
     def add_prefill_chunk(self, slot: int) -> AddResult:
         """Add the next chunk of a running request's prefill, sized by the chunk sizer."""
         if self._taken[slot]:
             return AddResult.UNAVAILABLE
         view = self.view
-        candidate = PrefillCandidate(
-            view.request(slot), int(view.num_computed[slot]), int(view.num_tokens[slot]), ongoing=True
-        )
+        computed = int(view.num_computed[slot])
+        candidate = PrefillCandidate(view.request(slot), computed, int(view.num_tokens[slot]), ongoing=True)
         size = self._chunk(candidate, exclude=slot)
         if size == 0:
             return AddResult.NO_TOKENS if self.tokens_left == 0 else AddResult.DECLINED
+        pages = max(view.pages_for(computed + size) - int(view.page_count[slot]), 0)
+        if size <= self.tokens_left and pages <= self.pages_left:  # add_running's "all fit", for one slot
+            self._take_one(slot, size, pages)
+            return AddResult.ADDED
         added = self.add_running(np.array([slot], np.int32), np.array([size], np.int64))
         return AddResult.ADDED if added else AddResult.NO_PAGES
 
@@ -323,6 +361,20 @@ class BatchBuilder:
                 if int(num_new[hit[0]]) >= self._partial[slot]:
                     del self._partial[slot], self._reserve[slot]
 
+    def _take_one(self, slot: int, num_new: int, pages: int) -> None:
+        """:meth:`_take` for one slot, without arrays."""
+        self._slots.append(np.array([slot], dtype=np.int32))
+        self._tokens.append(np.array([num_new], dtype=np.int64))
+        self._running_batch = None
+        self._taken[slot] = True
+        self._any_taken = True
+        self.tokens_left -= num_new
+        self.pages_left -= pages
+        if slot in self._partial:
+            self._reserve[slot] -= pages
+            if num_new >= self._partial[slot]:
+                del self._partial[slot], self._reserve[slot]
+
     def _unschedule(self, slot: int) -> None:
         for i, (slots, tokens) in enumerate(zip(self._slots, self._tokens, strict=True)):
             hit = np.flatnonzero(slots == slot)
@@ -422,7 +474,7 @@ class BatchBuilder:
         return freed
 
     def _chunk(self, candidate: PrefillCandidate, exclude: int | str) -> int:
-        blind = type(self.chunker) in _BATCH_BLIND  # it never reads the batch: spare building it
+        blind = type(self.chunker) in BATCH_BLIND_CHUNKERS  # it never reads the batch: spare building it
         context = ChunkContext(
             tokens_left=self.tokens_left,
             partial_prefills=tuple(n for key, n in self._partial.items() if key != exclude),

@@ -69,9 +69,13 @@ class DecodeFirst:
         """Decodes, then chunks, then admissions."""
         builder.make_room_for_waiting(reserve_decode_pages=True)
         builder.add_decodes()
+        self.fill_after_decodes(view, builder)
+        return builder.build()
+
+    def fill_after_decodes(self, view: SchedulerView, builder: BatchBuilder) -> None:
+        """The step's chunks and admissions, once its decodes are in (the scheduler's mixed-step fast path)."""
         _continue_prefills(builder)
         _admit_waiting(view, builder, self.max_declined)
-        return builder.build()
 
 
 @attrs.frozen

@@ -1,0 +1,308 @@
+"""The mixed-step fast path (decodes kept from step to step beside chunks and admissions) plans as the policy does.
+
+Two schedulers run the same requests and events in lockstep: one as configured, which takes the
+steady and mixed fast paths where they apply, and one whose priority sits behind a plugin wrapper,
+so it asks the policy and checks its selection in full every step. Every plan (each metadata array
+with its dtype), every outcome and every finished record must be the same, through aborts (queued
+and in flight), abandoned plans, executor-reported finishes, EOS and stop tokens, prefix-cache hits,
+transferred (precomputed) prompts and preemptions.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import attrs
+import numpy as np
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from phasesched import (
+    DeterministicExecutor,
+    PolicyOptions,
+    Request,
+    RequestRejectedError,
+    Scheduler,
+    SchedulerConfig,
+    SchedulingPolicy,
+    Selection,
+    StepPlan,
+    StepResult,
+    load_policy,
+)
+from phasesched.policies import DecodeFirst, FixedChunk
+from phasesched.policies.builder import AddResult, BatchBuilder
+from tests.strategies import PassThrough
+
+ARRAYS = (
+    "slots",
+    "start",
+    "num_new",
+    "prompt_len",
+    "samples",
+    "qo_indptr",
+    "kv_indptr",
+    "kv_indices",
+    "kv_last_page_len",
+    "kv_len",
+    "positions",
+)
+VOCAB = 23
+
+
+def plan_shape(plan: StepPlan) -> tuple[object, ...]:
+    """Everything a plan says, arrays with their dtypes."""
+    arrays = tuple((name, getattr(plan, name).dtype.str, getattr(plan, name).tolist()) for name in ARRAYS)
+    ids = None if plan.input_ids is None else (plan.input_ids.dtype.str, plan.input_ids.tolist())
+    return (
+        plan.step_id,
+        plan.request_ids,
+        arrays,
+        ids,
+        plan.page_size,
+        plan.preempted,
+        tuple(r.request_id for r in plan.new_requests),
+        plan.released,
+    )
+
+
+@attrs.frozen
+class Arrival:
+    """One request of a workload."""
+
+    step: int
+    prompt_len: int
+    max_new_tokens: int
+    with_ids: bool
+    shared_prefix: int
+    eos: bool
+    stop: bool
+    precomputed: int
+
+
+@st.composite
+def arrivals(draw: st.DrawFn) -> Arrival:
+    prompt_len = draw(st.integers(1, 48))
+    return Arrival(
+        step=draw(st.integers(0, 20)),
+        prompt_len=prompt_len,
+        max_new_tokens=draw(st.integers(1, 24)),
+        with_ids=draw(st.booleans()) or draw(st.booleans()),
+        shared_prefix=draw(st.integers(0, prompt_len)),
+        eos=draw(st.integers(0, 4)) == 0,
+        stop=draw(st.integers(0, 5)) == 0,
+        precomputed=draw(st.integers(0, prompt_len - 1)) if draw(st.integers(0, 5)) == 0 else 0,
+    )
+
+
+def request_of(index: int, arrival: Arrival) -> Request:
+    """Request ``r{index}``: its prompt shares ``shared_prefix`` leading tokens with every other one."""
+    if not arrival.with_ids:
+        return Request(f"r{index}", prompt_len=arrival.prompt_len, max_new_tokens=arrival.max_new_tokens)
+    prompt = [i % VOCAB if i < arrival.shared_prefix else (index * 7 + i) % VOCAB for i in range(arrival.prompt_len)]
+    return Request(
+        f"r{index}",
+        prompt_token_ids=prompt,
+        max_new_tokens=arrival.max_new_tokens,
+        eos_token_id=5 if arrival.eos else None,
+        stop_token_ids=(7,) if arrival.stop else (),
+    )
+
+
+@attrs.frozen
+class Events:
+    """What happens around each step (drawn per step)."""
+
+    abort_queued: bool
+    abort_in_flight: bool
+    abandon: bool
+    executor_finish: bool
+    pick: int
+
+
+events = st.builds(
+    Events,
+    abort_queued=st.integers(0, 24).map(lambda v: v == 0),
+    abort_in_flight=st.integers(0, 24).map(lambda v: v == 0),
+    abandon=st.integers(0, 24).map(lambda v: v == 0),
+    executor_finish=st.integers(0, 24).map(lambda v: v == 0),
+    pick=st.integers(0, 1000),
+)
+
+
+@st.composite
+def policies(draw: st.DrawFn) -> SchedulingPolicy:
+    """Decode-first presets (the mixed path's policies) with small budgets, chunks and caches."""
+    name = draw(st.sampled_from(("vllm", "sarathi", "orca")))
+    options = PolicyOptions(
+        max_model_len=256,
+        chunk_size=draw(st.sampled_from((4, 8, 16))),
+        max_num_seqs=draw(st.integers(1, 8)),
+        max_num_batched_tokens=draw(st.sampled_from((3, 8, 24, 64))),
+        enable_prefix_caching=draw(st.booleans()),
+    )
+    policy = load_policy(name, options)
+    if draw(st.booleans()):  # a fixed chunk beside the preset's own sizer
+        policy = attrs.evolve(policy, chunker=FixedChunk(draw(st.integers(1, 12))))
+    return policy
+
+
+class Twin:
+    """A scheduler and its record of everything it said."""
+
+    def __init__(self, policy: SchedulingPolicy, pages: int, watermark: float) -> None:
+        config = SchedulerConfig(num_pages=pages, page_size=4, max_model_len=256, watermark=watermark)
+        self.scheduler = Scheduler(config, policy)
+        self.seen: list[object] = []
+
+    def held(self) -> list[str]:
+        return [*self.scheduler.running_request_ids(), *self.scheduler.waiting_request_ids()]
+
+
+def run(policy: SchedulingPolicy, workload: list[Arrival], steps: list[Events], pages: int, watermark: float) -> None:
+    """Run the twins in lockstep and hold every plan, outcome and record of the two together."""
+    fast = Twin(policy, pages, watermark)
+    slow = Twin(attrs.evolve(policy, priority=PassThrough(policy.priority)), pages, watermark)
+    executor = DeterministicExecutor(vocab_size=VOCAB)
+    pending = sorted(enumerate(workload), key=lambda item: item[1].step)
+    for step, event in enumerate(steps):
+        while pending and pending[0][1].step <= step:
+            index, arrival = pending.pop(0)
+            for twin in (fast, slow):
+                with contextlib.suppress(RequestRejectedError):  # too big for this cache: both skip it
+                    twin.scheduler.add_request(request_of(index, arrival), precomputed_tokens=arrival.precomputed)
+        assert fast.held() == slow.held()
+        if event.abort_queued and fast.held():
+            victim = fast.held()[event.pick % len(fast.held())]
+            assert fast.scheduler.abort(victim) == slow.scheduler.abort(victim)
+        plans = [twin.scheduler.schedule(float(step)) for twin in (fast, slow)]
+        assert plan_shape(plans[0]) == plan_shape(plans[1])
+        plan = plans[0]
+        if event.abort_in_flight and plan.request_ids:
+            victim = plan.request_ids[event.pick % len(plan.request_ids)]
+            assert fast.scheduler.abort(victim) == slow.scheduler.abort(victim)
+        if event.abandon:
+            assert fast.scheduler.abandon(plans[0]) == slow.scheduler.abandon(plans[1])
+            continue
+        result = executor.execute(plan)
+        if event.executor_finish and plan.batch_size:
+            finished = np.zeros(plan.batch_size, dtype=bool)
+            finished[event.pick % plan.batch_size] = True
+            result = StepResult(step_id=plan.step_id, token_ids=result.token_ids, finished=finished)
+        outcomes = [twin.scheduler.update(p, result) for twin, p in ((fast, plans[0]), (slow, plans[1]))]
+        a, b = outcomes
+        assert (a.step_id, a.request_ids, a.new_token_ids.dtype.str, a.new_token_ids.tolist(), a.finished) == (
+            b.step_id,
+            b.request_ids,
+            b.new_token_ids.dtype.str,
+            b.new_token_ids.tolist(),
+            b.finished,
+        )
+        for twin in (fast, slow):
+            twin.scheduler.check_invariants()
+        assert fast.scheduler.kv.cache_stats == slow.scheduler.kv.cache_stats
+
+
+SETTINGS = settings(deadline=None, max_examples=250, suppress_health_check=[HealthCheck.too_slow])
+
+
+class TestMixedFastPath:
+    @given(
+        policy=policies(),
+        workload=st.lists(arrivals(), min_size=2, max_size=14),
+        steps=st.lists(events, min_size=20, max_size=80),
+        pages=st.integers(12, 80),
+        watermark=st.sampled_from((0.0, 0.1)),
+    )
+    @SETTINGS
+    def test_plans_match_the_policy_asked_in_full(
+        self, policy: SchedulingPolicy, workload: list[Arrival], steps: list[Events], pages: int, watermark: float
+    ) -> None:
+        """With aborts, abandons, executor finishes, stop tokens and the prefix cache, both schedulers say the same."""
+        run(policy, workload, steps, pages, watermark)
+
+    def test_the_mixed_path_is_taken(self) -> None:
+        """A long prompt chunked beside running decodes is planned by the mixed path, its decodes kept."""
+        policy = load_policy("vllm", PolicyOptions(max_num_batched_tokens=16, max_num_seqs=8))
+        scheduler = Scheduler(SchedulerConfig(num_pages=128, page_size=4), policy)
+        executor = DeterministicExecutor()
+        for i in range(4):
+            scheduler.add_request(Request(f"d{i}", prompt_token_ids=[i, 1, 2], max_new_tokens=40))
+        plan = scheduler.schedule()
+        scheduler.update(plan, executor.execute(plan))
+        scheduler.add_request(Request("long", prompt_token_ids=list(range(60)), max_new_tokens=2))
+        cores = []
+        for _ in range(4):
+            plan = scheduler.schedule()
+            assert plan.request_ids[:4] == ("d0", "d1", "d2", "d3")
+            assert plan.request_ids[4:] == ("long",)
+            cores.append(scheduler._core)  # the path under test
+            scheduler.update(plan, executor.execute(plan))
+        assert cores[0] is not None
+        assert all(core is cores[0] for core in cores)  # one core, kept from step to step
+
+    def test_subclasses_and_plugins_are_asked_in_full(self) -> None:
+        """Only decode-first itself, with a chunk sizer that never reads the batch, takes the mixed path."""
+
+        @attrs.frozen
+        class Mine(DecodeFirst):
+            pass
+
+        base = load_policy("vllm")
+        for policy in (attrs.evolve(base, priority=Mine()), attrs.evolve(base, priority=PassThrough(DecodeFirst()))):
+            assert not Scheduler(SchedulerConfig(num_pages=64), policy)._mixed_fast_path
+        assert Scheduler(SchedulerConfig(num_pages=64), base)._mixed_fast_path
+
+
+def prefill_states(draw: st.DrawFn) -> tuple[Scheduler, int]:
+    """A scheduler part-way through some prompts (FixedChunk(3) steps), and a chunk size to ask for."""
+    pages = draw(st.integers(8, 40))
+    policy = load_policy("sarathi", PolicyOptions(chunk_size=3, max_num_seqs=6, max_num_batched_tokens=12))
+    scheduler = Scheduler(SchedulerConfig(num_pages=pages, page_size=4, max_model_len=256), policy)
+    executor = DeterministicExecutor(vocab_size=VOCAB)
+    for i, arrival in enumerate(draw(st.lists(arrivals(), min_size=1, max_size=8))):
+        with contextlib.suppress(RequestRejectedError):
+            scheduler.add_request(request_of(i, arrival))
+    for _ in range(draw(st.integers(0, 12))):
+        plan = scheduler.schedule()
+        scheduler.update(plan, executor.execute(plan))
+    for i, arrival in enumerate(draw(st.lists(arrivals(), max_size=4)), start=100):  # they wait
+        with contextlib.suppress(RequestRejectedError):
+            scheduler.add_request(request_of(i, arrival))
+    return scheduler, draw(st.integers(1, 20))
+
+
+def selection_shape(selection: Selection) -> tuple[object, ...]:
+    """A selection as comparable values."""
+    return (
+        selection.running_slots.tolist(),
+        selection.running_tokens.tolist(),
+        selection.admitted,
+        selection.admitted_tokens,
+        selection.preempted,
+    )
+
+
+class TestPrefillChunkOfOneSlot:
+    @given(data=st.data(), decodes_first=st.booleans())
+    @settings(SETTINGS, max_examples=200)
+    def test_a_chunk_is_added_as_add_running_adds_it(self, data: st.DataObject, decodes_first: bool) -> None:
+        """``add_prefill_chunk`` (one slot, without arrays when it fits) leaves the builder as ``add_running`` does."""
+        scheduler, size = data.draw(st.composite(prefill_states)())
+        chunker = FixedChunk(size)
+        view = scheduler._view(0.0)
+        for slot in BatchBuilder(view, chunker, scheduler.policy.preemption).running_prefills().tolist():
+            one, many = (BatchBuilder(view, chunker, scheduler.policy.preemption) for _ in range(2))
+            if decodes_first:
+                one.add_decodes()
+                many.add_decodes()
+            result = one.add_prefill_chunk(slot)
+            tokens = min(size, int(view.num_tokens[slot] - view.num_computed[slot]), many.tokens_left)
+            added = many.add_running(np.array([slot], np.int32), np.array([tokens], np.int64)) if tokens else 0
+            assert (result is AddResult.ADDED) == bool(added)
+            for builder in (one, many):  # what admissions see next
+                for candidate in view.waiting():
+                    if builder.admit(candidate) is not AddResult.ADDED:
+                        break
+            assert selection_shape(one.build()) == selection_shape(many.build())
+            assert (one.tokens_left, one.pages_left, one.seq_room) == (many.tokens_left, many.pages_left, many.seq_room)
