@@ -30,6 +30,7 @@ from phasesched.metrics.distribution import Distribution
 from phasesched.request import FinishReason
 
 if TYPE_CHECKING:
+    from phasesched.chunk_run import ChunkRun
     from phasesched.decode_run import DecodeRun
     from phasesched.metrics.summary import RunCounters
     from phasesched.plan import StepPlan
@@ -341,14 +342,20 @@ class WorkerRecorder:
             self._unload(request_id).preemptions += 1
         if plan.new_requests:
             self._load_new(plan)
-        slots, sampled = plan.slots, outcome.new_token_ids >= 0
-        has_first = self._has_first[slots]
-        decoding = sampled & has_first
-        if np.count_nonzero(decoding):
-            self._decode_tokens(slots[decoding], end)
-        for i in np.flatnonzero(~has_first).tolist():
-            self._early_slice(int(slots[i]), sampled=bool(sampled[i]), start=start, end=end)
+        self._slices(plan.slots, outcome.new_token_ids >= 0, start, end)
         return self._leave(outcome.finished, end)
+
+    def on_chunk_run(
+        self, run: ChunkRun, start: float, ends: NDArray[np.float64], finished: Iterable[FinishedRequest] = ()
+    ) -> list[str]:
+        """Record the first ``len(ends)`` steps of ``run`` taken at once from ``start``, as :meth:`on_step` would each.
+
+        ``finished`` are the requests the last step finished; they leave, as from :meth:`on_step`.
+        """
+        times = [start, *ends.tolist()]
+        for j, step in enumerate(run.steps[: len(ends)]):
+            self._slices(step.slots, step.samples, times[j], times[j + 1])
+        return self._leave(finished, times[-1])
 
     def on_decode_run(
         self, run: DecodeRun, start: float, ends: NDArray[np.float64], finished: Iterable[FinishedRequest] = ()
@@ -382,6 +389,15 @@ class WorkerRecorder:
         self.parent.fail(request_id, error)
 
     # ---------------------------------------------------------------- internals
+    def _slices(self, slots: NDArray[np.int32], sampled: NDArray[np.bool_], start: float, end: float) -> None:
+        """A step's slices, which ran from ``start`` to ``end``; ``sampled`` says which gave a token."""
+        has_first = self._has_first[slots]
+        decoding = sampled & has_first
+        if np.count_nonzero(decoding):
+            self._decode_tokens(slots[decoding], end)
+        for i in np.flatnonzero(~has_first).tolist():
+            self._early_slice(int(slots[i]), sampled=bool(sampled[i]), start=start, end=end)
+
     def _decode_tokens(self, slots: NDArray[np.int32], end: float) -> None:
         gaps = end - self._last_token[slots]
         self.parent._gaps(np.array([end]), gaps)  # noqa: SLF001 -- one recorder family

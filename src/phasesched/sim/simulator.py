@@ -39,6 +39,7 @@ from typing import Any
 import attrs
 import numpy as np
 
+from phasesched.chunk_run import ChunkRun
 from phasesched.costmodel.protocol import CostModel, decode_step_times
 from phasesched.decode_run import DecodeRun
 from phasesched.errors import RequestRejectedError
@@ -140,6 +141,8 @@ class _Worker:
     """Requests a decode run in flight has finished ahead of its end: still counted as load."""
     finishing_pages: int = 0
     """Their KV pages: freed ahead of the run's end, still counted as held."""
+    leaving: list[str] = attrs.Factory(list)
+    """Requests a run in flight on a prefill worker has completed ahead of its end: sent on at its end."""
 
     @property
     def load(self) -> int:
@@ -289,19 +292,20 @@ class Simulator:
         would end on their own, which leaves the earliest one as it is and so is consistent.
         Prefill workers whose held KV a decode admission let go start theirs among the plain steps.
         """
-        runs = []
+        runs: list[tuple[_Worker, DecodeRun | ChunkRun]] = []
         # Decode workers first: their admissions let go of held KV, which prefill workers
         # starting at the same instant must see, whatever order the events came in.
         for worker in sorted(workers, key=lambda w: w.role is not Role.DECODE):
-            run = None if worker.busy or not self.fast_forward else worker.scheduler.decode_run(self.max_decode_run)
+            run = None if worker.busy or not self.fast_forward else self._fast_run(worker)
             if run is not None:
                 runs.append((worker, run))
             elif not worker.busy:
                 self._start_step(worker, now)
+        with_runs = {worker.index for worker, _ in runs}  # their runs saw what was let go before them
         while self._unheld:  # prefill workers take no decode runs, and their steps let go of nothing
             unheld, self._unheld = self._unheld, {}
             for worker in unheld.values():
-                if not worker.busy:
+                if not worker.busy and worker.index not in with_runs:
                     self._start_step(worker, now)
         priced = []
         for worker, run in runs:
@@ -311,6 +315,11 @@ class Simulator:
         for worker, run, horizon, ends, _ in priced:
             others = [end for other, _, _, _, end in priced if self._affects(worker, _Event.STEP_END, other)]
             self._take_run(worker, run, now, ends, _run_length(ends, min([horizon, *others])))
+
+    def _fast_run(self, worker: _Worker) -> DecodeRun | ChunkRun | None:
+        """The worker's next steps if they can be taken at once: pure decodes, or decodes beside prefill chunks."""
+        scheduler = worker.scheduler
+        return scheduler.decode_run(self.max_decode_run) or scheduler.chunk_run(self.max_decode_run)
 
     def _start_step(self, worker: _Worker, now: float) -> None:
         """Schedule and price one step of ``worker`` (an idle step when it has nothing to run)."""
@@ -329,23 +338,32 @@ class Simulator:
         worker.busy_s += duration
         self._push(now + duration, _Event.STEP_END, worker)
 
-    def _take_run(self, worker: _Worker, run: DecodeRun, now: float, ends: np.ndarray, count: int) -> None:
+    def _take_run(self, worker: _Worker, run: DecodeRun | ChunkRun, now: float, ends: np.ndarray, count: int) -> None:
         """Take the first ``count`` steps of ``run``, which end at ``ends``."""
         kv = worker.scheduler.kv
-        unfreed = kv.num_free_pages - int(kv.pages_to_grow(run.slots, run.kv_len - 1 + count).sum())
-        finished = worker.scheduler.advance(run, count)
+        if isinstance(run, ChunkRun):
+            unfreed = kv.num_free_pages - int(run.growth[count - 1])
+            finished = worker.scheduler.advance_chunks(run, count)
+            left = worker.recorder.on_chunk_run(run, now, ends[:count], finished)
+        else:
+            unfreed = kv.num_free_pages - int(kv.pages_to_grow(run.slots, run.kv_len - 1 + count).sum())
+            finished = worker.scheduler.advance(run, count)
+            left = worker.recorder.on_decode_run(run, now, ends[:count], finished)
         self._progress += 1
         end = float(ends[count - 1])
-        left = worker.recorder.on_decode_run(run, now, ends[:count], finished)
         worker.busy, worker.plan, worker.finishing = True, None, len(left)
+        if worker.role is Role.PREFILL:
+            worker.leaving = left  # their KV is sent when the step that completed them ends
         worker.finishing_pages = kv.num_free_pages - unfreed  # freed early by the finishes
         worker.steps += count
         worker.fast_forwarded += count
         worker.busy_s += end - now
         self._push(end, _Event.STEP_END, worker)  # its finishes are reported then, as stepping would
 
-    def _step_ends(self, worker: _Worker, run: DecodeRun, now: float, horizon: float) -> np.ndarray:
+    def _step_ends(self, worker: _Worker, run: DecodeRun | ChunkRun, now: float, horizon: float) -> np.ndarray:
         """End times of the run's steps, priced in growing batches until one ends past ``horizon``."""
+        if isinstance(run, ChunkRun):
+            return self._chunk_step_ends(worker, run, now, horizon)
         priced = min(run.max_steps, 32)
         while True:
             durations = decode_step_times(worker.cost, run.kv_len, priced)
@@ -355,10 +373,26 @@ class Simulator:
                 return ends
             priced = min(run.max_steps, priced * 4)
 
+    @staticmethod
+    def _chunk_step_ends(worker: _Worker, run: ChunkRun, now: float, horizon: float) -> np.ndarray:
+        """End times of a chunk run's steps, each priced as its plan would be, until one ends at or past ``horizon``."""
+        ends, cost = [], worker.cost
+        for step in run.steps:
+            now += cost.step_time(step.num_new, step.kv_len)  # the clock as stepping advances it
+            ends.append(now)
+            if now >= horizon:
+                break
+        return np.array(ends, dtype=np.float64)
+
     def _step_end(self, worker: _Worker, now: float) -> None:
         finished_in_run, worker.busy, worker.finishing, worker.finishing_pages = worker.finishing, False, 0, 0
-        if worker.plan is None:  # a decode run: recorded when it started; its finishes count now
-            if finished_in_run:
+        if worker.plan is None:  # a run: recorded when it started; its finishes count now
+            if worker.role is Role.PREFILL:
+                leaving, worker.leaving = worker.leaving, []
+                for request_id in leaving:
+                    self._hold(worker, request_id)
+                    self._start_transfer(request_id, now)
+            elif finished_in_run:
                 self._finished(finished_in_run, now)
             return
         assert worker.result is not None
