@@ -24,7 +24,9 @@ serve`` counts failed requests, and the run goes on; in a closed loop its client
 Between events, a worker whose batch is all decodes takes identical steps; with
 ``fast_forward`` it takes as many as happen before anything can change its batch in one
 vectorized computation (:meth:`phasesched.scheduler.Scheduler.decode_run`), with exactly the times that
-stepping one by one would give.
+stepping one by one would give. Likewise, a decode-first batch with prompts part-way through a
+chunked prefill takes the steps up to the next prefill's completion at once
+(:meth:`phasesched.scheduler.Scheduler.chunk_run`), each priced as its plan would be.
 """
 
 from __future__ import annotations
@@ -96,7 +98,7 @@ class SimResult:
         workers: Per-worker activity.
         wall_s: Wall-clock seconds the simulation took.
         steps: Model steps simulated (fast-forwarded ones included).
-        fast_forwarded_steps: Steps taken inside vectorized decode runs.
+        fast_forwarded_steps: Steps taken inside decode runs and chunk runs.
         prefix_cache: Prefix-cache counters summed over the workers, in tokens (all zero
             when the policy does not cache prefixes).
     """
@@ -177,7 +179,8 @@ class Simulator:
         tpot_slo_s: Goodput's TPOT target.
         keep_requests: Keep a record per finished request in the result.
         keep_gaps: Keep every token gap with its end time (``metrics.gaps``), for window analyses.
-        fast_forward: Advance runs of pure-decode steps in one computation.
+        fast_forward: Advance runs of pure-decode steps, and of decode-first steps with prefill
+            chunks, in one computation.
         max_decode_run: Longest run taken at once.
         progress: Called with ``(completed, total)`` as requests finish.
 
