@@ -128,41 +128,44 @@ def plan_chunk_steps(  # noqa: PLR0913 -- the batch's state, as plain arrays
     """
     steps: list[ChunkStep] = []
     growth: list[int] = []
-    computed = prefill_start.astype(np.int64)
-    known = prefill_known.astype(np.int64)
-    held = int(((decode_start.astype(np.int64) + (page_size - 1)) // page_size).sum())
-    held += int(((computed + (page_size - 1)) // page_size).sum())
+    computed: list[int] = prefill_start.tolist()
+    known: list[int] = prefill_known.tolist()
+    prefill_growth = 0
+    # A decode starts a page in step k when its context before the step, start + k, is a
+    # multiple of the page size: the decodes whose start is -k modulo the page size.
+    by_offset: list[int] = np.bincount(decode_start % page_size, minlength=page_size).tolist()
+    decode_growth = 0
     decode_ones = np.ones(len(decodes), dtype=np.int32)
     decode_samples = np.ones(len(decodes), dtype=bool)
     for j in range(max_steps):
-        left = tokens_left
-        sizes = np.zeros(len(prefills), dtype=np.int64)
-        for i in range(len(prefills)):  # _continue_prefills: admission order, until the budget is spent
-            size = min(chunk_limit, int(known[i] - computed[i]), left)
+        left, sizes = tokens_left, []
+        for c, k in zip(computed, known, strict=True):  # _continue_prefills: admission order, until the budget is spent
+            size = min(chunk_limit, k - c, left)
             if size <= 0:
                 break
-            sizes[i] = size
+            sizes.append(size)
             left -= size
         if spend_budget and left:
             break
-        after = computed + sizes
-        decode_kv = decode_start + (j + 1)
-        need = int(((decode_kv.astype(np.int64) + (page_size - 1)) // page_size).sum())
-        need += int(((after + (page_size - 1)) // page_size).sum())
-        if need - held > free_pages:
+        decode_growth += by_offset[-j % page_size]
+        chunked = len(sizes)  # a prefix of the prefills
+        after = [c + n for c, n in zip(computed, sizes, strict=False)]
+        # Pages held are full to their tokens (the scheduler's invariant between steps).
+        prefill_growth += sum(-(-a // page_size) + (c // -page_size) for a, c in zip(after, computed, strict=False))
+        need = decode_growth + prefill_growth
+        if need > free_pages:
             break  # the policy would preempt: let it
-        chunked = np.flatnonzero(sizes)
-        samples = after[chunked] == known[chunked]
+        samples = [a == k for a, k in zip(after, known, strict=False)]
         steps.append(
             ChunkStep(
-                slots=np.concatenate([decodes, prefills[chunked]]).astype(np.int32),
-                num_new=np.concatenate([decode_ones, sizes[chunked].astype(np.int32)]),
-                kv_len=np.concatenate([decode_kv, after[chunked]]).astype(np.int32),
-                samples=np.concatenate([decode_samples, samples]),
+                slots=np.concatenate([decodes, prefills[:chunked]]),
+                num_new=np.concatenate([decode_ones, np.array(sizes, dtype=np.int32)]),
+                kv_len=np.concatenate([decode_start + (j + 1), np.array(after, dtype=np.int32)]),
+                samples=np.concatenate([decode_samples, np.array(samples, dtype=bool)]),
             )
         )
-        growth.append(need - held)
-        computed = after
-        if np.count_nonzero(samples):
+        growth.append(need)
+        computed[:chunked] = after
+        if any(samples):
             break
     return steps, growth

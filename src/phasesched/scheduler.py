@@ -894,13 +894,17 @@ class Scheduler:
             arrays.computed[touched], arrays.known[touched], self._prefilling = saved
 
         journal.record(undo)
+        caching = kv.prefix_caching
         for step in steps:
             slots = step.slots
-            self._extend(slots, kv.pages_to_grow(slots, step.kv_len), journal)
+            if caching:  # each step's growth may evict cached pages that an earlier step names
+                self._extend(slots, kv.pages_to_grow(slots, step.kv_len), journal)
             arrays.computed[slots] = step.kv_len
             arrays.known[slots[step.samples]] += 1
-            if kv.prefix_caching:
+            if caching:
                 self._register_pages(slots, step.kv_len, journal)
+        if not caching:  # the same pages in one go (as advance() takes a decode run's)
+            self._extend(touched, kv.pages_to_grow(touched, arrays.computed[touched]), journal)
         # As update() leaves it: the slots whose prefill is still under way (a shortcut for _steady_step).
         computed = arrays.computed[touched]
         under_way = (arrays.known[touched] - computed != 1) | (computed < arrays.prompt_len[touched])

@@ -551,7 +551,8 @@ class Simulator:
         if kind is _Event.ARRIVAL:
             return True  # a decode worker's work starts as an arrival at a prefill worker
         if kind in (_Event.LINK, _Event.DELIVER):
-            return worker.role is Role.DECODE
+            # KV landing starts decode steps; in a closed loop their finishes issue requests anywhere.
+            return worker.role is Role.DECODE or self.closed_loop is not None
         other: _Worker = payload
         if other is worker:
             return False
