@@ -57,10 +57,12 @@ class ChunkRun:
     Attributes:
         steps: The steps, in order.
         growth: int64 ``[len(steps)]``: KV pages the run has added by the end of each step.
+        num_decodes: The decodes, which lead every step's slices (the same in each).
     """
 
     steps: tuple[ChunkStep, ...]
     growth: NDArray[np.int64]
+    num_decodes: int
     _version: int = attrs.field(repr=False)
     ignores_later_arrivals: bool = False
     """Every step spends the whole budget, so requests that arrive while the run lasts cannot

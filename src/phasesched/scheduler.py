@@ -856,7 +856,8 @@ class Scheduler:
         )
         if not steps:
             return None
-        return ChunkRun(tuple(steps), np.asarray(growth, dtype=np.int64), self._version, ignores_later_arrivals=waiting)
+        growth_array = np.asarray(growth, dtype=np.int64)
+        return ChunkRun(tuple(steps), growth_array, len(decodes), self._version, ignores_later_arrivals=waiting)
 
     def advance_chunks(self, run: ChunkRun, num_steps: int) -> tuple[FinishedRequest, ...]:
         """Take the first ``num_steps`` of ``run``'s steps at once, as ``schedule``/``update`` would one by one.

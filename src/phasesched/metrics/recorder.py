@@ -352,9 +352,14 @@ class WorkerRecorder:
 
         ``finished`` are the requests the last step finished; they leave, as from :meth:`on_step`.
         """
-        times = [start, *ends.tolist()]
+        times, count = [start, *ends.tolist()], run.num_decodes
+        decodes = run.steps[0].slots[:count]
+        if not count or np.count_nonzero(self._has_first[decodes]) < count:
+            count = 0  # a decode without a first token (a prompt's last token, or a decode worker's first)
+        elif count:  # a token each step: as on_decode_run records them
+            self._decode_run_tokens(decodes, ends)
         for j, step in enumerate(run.steps[: len(ends)]):
-            self._slices(step.slots, step.samples, times[j], times[j + 1])
+            self._slices(step.slots[count:], step.samples[count:], times[j], times[j + 1])
         return self._leave(finished, times[-1])
 
     def on_decode_run(
@@ -374,13 +379,18 @@ class WorkerRecorder:
             self._tokens[early] += len(ends) - 1
             self._last_token[early] = last
             slots = slots[has_first]
+        self._decode_run_tokens(slots, ends, len(run.slots))
+        return self._leave(finished, last)
+
+    def _decode_run_tokens(self, slots: NDArray[np.int32], ends: NDArray[np.float64], width: int = 0) -> None:
+        """A token for each of ``slots`` (with first tokens) at each of ``ends``; ``width`` slices share later gaps."""
+        last = float(ends[-1])
         self.parent._gaps(ends[:1], ends[0] - self._last_token[slots])  # noqa: SLF001 -- one recorder family
         if len(ends) > 1:
-            self.parent._gaps(ends[1:], np.diff(ends), np.full(len(ends) - 1, len(run.slots)))  # noqa: SLF001
+            self.parent._gaps(ends[1:], np.diff(ends), np.full(len(ends) - 1, width or len(slots)))  # noqa: SLF001
         self._decode_s[slots] += last - self._last_token[slots]
         self._last_token[slots] = last
         self._tokens[slots] += len(ends)
-        return self._leave(finished, last)
 
     def fail(self, request_id: str, error: str) -> None:
         """The request failed on this worker (its steps kept failing): drop its timeline, count it as failed."""
