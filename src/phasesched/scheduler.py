@@ -20,7 +20,7 @@ import attrs
 import numpy as np
 from numpy.typing import NDArray
 
-from phasesched.chunk_run import ChunkRun, ChunkStep, chunk_limit, plan_chunk_steps
+from phasesched.chunk_run import ChunkRun, chunk_limit, plan_chunk_steps
 from phasesched.decode_run import DecodeRun, steps_that_fit
 from phasesched.errors import (
     DuplicateRequestError,
@@ -823,6 +823,9 @@ class Scheduler:
             or self._carried_preempted
             or arrays.num_with_tokens
             or (waiting and (self.policy.preemption.preempt_for_waiting or self._rerank is not None))
+            # A prefill under way was left so by the last step (update() and advance_chunks() note
+            # it); one the last plan gave no tokens is missed, which only costs a step by the policy.
+            or not np.count_nonzero(arrays.running[self._prefilling])
         ):
             return None
         computed, known = arrays.computed[running], arrays.known[running]
@@ -877,7 +880,7 @@ class Scheduler:
             raise InvalidPlanError(msg)
         journal = Journal()
         try:
-            finished = self._advance_chunks(run.steps[: int(num_steps)], journal)
+            finished = self._advance_chunks(run, int(num_steps), journal)
         except BaseException:
             journal.rollback()
             raise
@@ -885,10 +888,13 @@ class Scheduler:
         self._version += 1
         return finished
 
-    def _advance_chunks(self, steps: tuple[ChunkStep, ...], journal: Journal) -> tuple[FinishedRequest, ...]:
+    def _advance_chunks(self, run: ChunkRun, num_steps: int, journal: Journal) -> tuple[FinishedRequest, ...]:
         """Each step's commit and update, as ``_commit`` and ``_apply`` make them (pages, then tokens, then names)."""
-        arrays, kv = self._arrays, self._kv
-        touched = np.unique(np.concatenate([step.slots for step in steps]))
+        arrays, kv, steps = self._arrays, self._kv, run.steps[:num_steps]
+        first, last, decodes = steps[0], steps[-1], run.num_decodes
+        # Usually every step has the same slices (the ongoing prefills that fit are a prefix of them).
+        same = all(len(step.slots) == len(first.slots) for step in steps)
+        touched = first.slots if same else np.unique(np.concatenate([step.slots for step in steps]))
         saved = (arrays.computed[touched], arrays.known[touched], self._prefilling)
 
         def undo() -> None:
@@ -896,21 +902,25 @@ class Scheduler:
 
         journal.record(undo)
         caching = kv.prefix_caching
-        for step in steps:
-            slots = step.slots
-            if caching:  # each step's growth may evict cached pages that an earlier step names
-                self._extend(slots, kv.pages_to_grow(slots, step.kv_len), journal)
-            arrays.computed[slots] = step.kv_len
-            arrays.known[slots[step.samples]] += 1
-            if caching:
-                self._register_pages(slots, step.kv_len, journal)
-        if not caching:  # the same pages in one go (as advance() takes a decode run's)
+        if same and not caching:  # the steps' tokens and pages in one go (as advance() takes a decode run's)
+            arrays.computed[touched] = last.kv_len
+            arrays.known[touched[:decodes]] += num_steps
+            arrays.known[touched[decodes:][last.samples[decodes:]]] += 1  # prefills sample only as they complete
+        else:
+            for step in steps:
+                slots = step.slots
+                if caching:  # each step's growth may evict cached pages that an earlier step names
+                    self._extend(slots, kv.pages_to_grow(slots, step.kv_len), journal)
+                arrays.computed[slots] = step.kv_len
+                arrays.known[slots[step.samples]] += 1
+                if caching:
+                    self._register_pages(slots, step.kv_len, journal)
+        if not caching:
             self._extend(touched, kv.pages_to_grow(touched, arrays.computed[touched]), journal)
         # As update() leaves it: the slots whose prefill is still under way (a shortcut for _steady_step).
         computed = arrays.computed[touched]
         under_way = (arrays.known[touched] - computed != 1) | (computed < arrays.prompt_len[touched])
         self._prefilling = touched[under_way].astype(np.int32)
-        last = steps[-1]
         done = last.slots[last.samples & (arrays.known[last.slots] >= arrays.max_known[last.slots])]
         if not len(done):
             return ()
