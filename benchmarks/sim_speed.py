@@ -11,10 +11,12 @@ weights holds about 25K tokens, so queues build up and requests are preempted):
 
 The table gives CPU seconds (``time.process_time``, so other processes on the machine cost
 less than in wall time), milliseconds of CPU per simulated request, steps taken and how many
-were fast-forwarded. Target: at most 0.5 ms of CPU per request (Vidur 0.0.26 takes about 5 ms on
-the same workloads), and 1,000,000 requests (``--scale 1000000``: the Poisson workload under
-``vllm``) in under two minutes of CPU. ``--profile`` adds a cProfile summary per case: the
-functions that take the most time, their own and with what they call.
+were fast-forwarded (runs of pure decodes, and runs of decodes beside ongoing prefill chunks,
+which Sarathi's 512-token chunks make common). Target: at most 0.5 ms of CPU per request
+(Vidur 0.0.26 takes about 5 ms on the same workloads), and 1,000,000 requests
+(``--scale 1000000``: the Poisson workload under ``vllm``) in under two minutes of CPU.
+``--profile`` adds a cProfile summary per case: the functions that take the most time, their
+own and with what they call.
 
 Compare two versions by running this script with each on ``PYTHONPATH``, alternately::
 

@@ -21,6 +21,7 @@ import attrs
 import numpy as np
 from numpy.typing import NDArray
 
+from phasesched.chunk_run import ChunkRun, chunk_limit, plan_chunk_steps
 from phasesched.decode_run import DecodeRun, steps_that_fit
 from phasesched.errors import (
     DuplicateRequestError,
@@ -337,6 +338,7 @@ class Scheduler:
         # Steady all-decode steps are built without asking the policy, for the built-in phase
         # priorities that are known (and property-tested) to schedule every decode then.
         self._steady_fast_path = type(self.policy.priority) in EVERY_DECODE_PRIORITIES
+        self._chunk_limit = chunk_limit(self.policy)  # None: chunk_run() never applies
         self._steady: _SteadyBatch | None = None  # valid while its version is the scheduler's
         # Mixed steps (decodes beside prefill chunks or admissions) keep their decodes' part from
         # step to step, for decode-first with a chunk sizer that never reads the batch and no
@@ -1180,6 +1182,151 @@ class Scheduler:
         journal.record(undo)
         arrays.computed[slots], arrays.known[slots] = computed, known
         done = slots[known >= arrays.max_known[slots]]
+        if not len(done):
+            return ()
+        self._save_scalars(journal)
+        return self._finish(done, [FinishReason.LENGTH] * len(done), journal)
+
+    def chunk_run(self, max_steps: int) -> ChunkRun | None:
+        """The next steps, if they are certain to be decode-first steps with prefill chunks (a simulation fast path).
+
+        It applies when no plan is in flight, at least one running request is
+        part-way through its prefill, no running request's tokens matter (as for
+        :meth:`decode_run`), the phase priority is exactly
+        :class:`~phasesched.policies.priority.DecodeFirst` and the chunk sizer exactly
+        :class:`~phasesched.policies.chunking.FixedChunk` or
+        :class:`~phasesched.policies.chunking.LongPrefillThreshold`. Each step then schedules every
+        decode (they must leave budget for a chunk), then each ongoing prefill in admission order
+        its chunk of the budget left, as the policy would; the run ends at the first step that
+        completes a prefill or finishes a decode, and before a step whose pages would not fit.
+        Requests may wait if the policy never preempts for them and its queue order does not
+        re-rank them: the run then stops before a step that leaves budget over (which the policy
+        would offer them), and as every step spends the budget, requests that arrive meanwhile
+        change none of them (``ignores_later_arrivals``).
+
+        Returns:
+            The run, capped at ``max_steps``, or ``None`` when it does not apply.
+
+        Raises:
+            InvalidArgumentError: ``max_steps`` is not an int.
+        """
+        self._name_pending()
+        if not is_int(max_steps):
+            msg = f"max_steps must be an int, got {max_steps!r}"
+            raise InvalidArgumentError(msg)
+        limit, running, arrays = self._chunk_limit, self._running, self._arrays
+        # Requests may wait if the steps leave them no token: the policy's admit() then answers
+        # NO_TOKENS before anything else, unless they may preempt or a queue order re-ranks them.
+        waiting = bool(len(self._waiting))
+        if (
+            limit is None
+            or max_steps < 1
+            or self._in_flight is not None
+            or not len(running)
+            or self._carried_preempted
+            or arrays.num_with_tokens
+            or (waiting and (self.policy.preemption.preempt_for_waiting or self._rerank is not None))
+            # A prefill under way was left so by the last step (update() and advance_chunks() note
+            # it); one the last plan gave no tokens is missed, which only costs a step by the policy.
+            or not np.count_nonzero(arrays.running[self._prefilling])
+        ):
+            return None
+        computed, known = arrays.computed[running], arrays.known[running]
+        decoding = (known - computed == 1) & (computed >= arrays.prompt_len[running])  # BatchBuilder's test
+        if np.count_nonzero(decoding) == len(running):
+            return None
+        decodes = running[decoding]
+        tokens_left = self.policy.budget.max_num_batched_tokens - len(decodes)
+        if tokens_left < 1:
+            return None
+        if len(decodes):  # up to the first decode's finish
+            max_steps = min(max_steps, int((arrays.max_known[decodes] - known[decoding]).min()))
+        kv = self._kv
+        free = kv.num_free_pages
+        if self._holds and kv.prefix_caching:
+            # Held KV may be released while the run lasts (P/D), parking cached pages that stepping
+            # could evict for a later step's growth: take only steps that evict nothing.
+            free -= kv.num_cached_pages
+        steps, growth = plan_chunk_steps(
+            decodes,
+            computed[decoding],
+            running[~decoding],
+            computed[~decoding],
+            known[~decoding],
+            tokens_left=tokens_left,
+            chunk_limit=limit,
+            page_size=kv.page_size,
+            free_pages=free,
+            max_steps=max_steps,
+            spend_budget=waiting,
+        )
+        if not steps:
+            return None
+        growth_array = np.asarray(growth, dtype=np.int64)
+        return ChunkRun(tuple(steps), growth_array, len(decodes), self._version, ignores_later_arrivals=waiting)
+
+    def advance_chunks(self, run: ChunkRun, num_steps: int) -> tuple[FinishedRequest, ...]:
+        """Take the first ``num_steps`` of ``run``'s steps at once, as ``schedule``/``update`` would one by one.
+
+        Returns:
+            The requests that finished in the last of the steps.
+
+        Raises:
+            InvalidPlanError: The run is stale (the scheduler changed since it was made) or
+                ``num_steps`` is outside ``[1, run.max_steps]``; nothing changed.
+        """
+        self._name_pending()
+        if run._version != self._version:  # noqa: SLF001 -- the run's own token
+            msg = "this ChunkRun is stale: the scheduler changed after chunk_run()"
+            raise InvalidPlanError(msg)
+        if not is_int(num_steps) or not 1 <= num_steps <= run.max_steps:
+            msg = f"num_steps must be in [1, {run.max_steps}], got {num_steps}"
+            raise InvalidPlanError(msg)
+        self._core = None  # its decodes move on without plans
+        journal = Journal()
+        try:
+            finished = self._advance_chunks(run, int(num_steps), journal)
+        except BaseException:
+            journal.rollback()
+            raise
+        self._next_step += num_steps
+        self._version += 1
+        return finished
+
+    def _advance_chunks(self, run: ChunkRun, num_steps: int, journal: Journal) -> tuple[FinishedRequest, ...]:
+        """Each step's commit and update, as ``_commit`` and ``_apply`` make them (pages, then tokens, then names)."""
+        arrays, kv, steps = self._arrays, self._kv, run.steps[:num_steps]
+        first, last, decodes = steps[0], steps[-1], run.num_decodes
+        # Usually every step has the same slices (the ongoing prefills that fit are a prefix of them).
+        same = all(len(step.slots) == len(first.slots) for step in steps)
+        touched = first.slots if same else np.unique(np.concatenate([step.slots for step in steps]))
+        saved = (arrays.computed[touched], arrays.known[touched], self._prefilling)
+
+        def undo() -> None:
+            arrays.computed[touched], arrays.known[touched], self._prefilling = saved
+
+        journal.record(undo)
+        caching = kv.prefix_caching
+        if same and not caching:  # the steps' tokens and pages in one go (as advance() takes a decode run's)
+            arrays.computed[touched] = last.kv_len
+            arrays.known[touched[:decodes]] += num_steps
+            arrays.known[touched[decodes:][last.samples[decodes:]]] += 1  # prefills sample only as they complete
+        else:
+            for step in steps:
+                slots = step.slots
+                if caching:  # each step's growth may evict cached pages that an earlier step names
+                    self._extend(slots, kv.pages_to_grow(slots, step.kv_len), journal)
+                arrays.computed[slots] = step.kv_len
+                arrays.known[slots[step.samples]] += 1
+                if caching:
+                    self._register_pages(slots, step.kv_len, journal)
+        if not caching:
+            self._extend(touched, kv.pages_to_grow(touched, arrays.computed[touched]), journal)
+        # As update() leaves it: the slots whose prefill is still under way (a shortcut for _steady_step).
+        computed = arrays.computed[touched]
+        under_way = (arrays.known[touched] - computed != 1) | (computed < arrays.prompt_len[touched])
+        self._prefilling = touched[under_way].astype(np.int32)
+        done = last.slots[last.samples & (arrays.known[last.slots] >= arrays.max_known[last.slots])]
         if not len(done):
             return ()
         self._save_scalars(journal)

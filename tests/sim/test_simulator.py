@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 from phasesched import PolicyOptions, load_policy
 from phasesched.costmodel import RooflineCostModel
 from phasesched.metrics import RequestRecord
+from phasesched.policies.chunking import LongPrefillThreshold
 from phasesched.policies.queue_order import ShortestRemainingPrefill
 from phasesched.sim import (
     ClosedLoop,
@@ -422,3 +423,87 @@ def test_fast_forward_through_blocked_queues_gives_every_token_time_of_stepping(
     assert slow.metrics.requests is not None
     timelines = {r.request_id: (r.ttft_s, r.e2el_s, r.output_len) for r in slow.metrics.requests}
     assert {r.request_id: (r.ttft_s, r.e2el_s, r.output_len) for r in fast.metrics.requests} == timelines
+
+
+@st.composite
+def chunked_scenarios(draw: st.DrawFn) -> dict[str, object]:
+    """Prompts chunked over many steps beside decodes: tight KV, queues, preemptions, prefix caching on and off."""
+    n = draw(st.integers(2, 30))
+    prompts = Uniform(1, draw(st.sampled_from([300, 1500, 6000])))
+    outputs = Uniform(1, draw(st.sampled_from([5, 60])))
+    seed = draw(st.integers(0, 1000))
+    rate = draw(st.sampled_from([2.0, 20.0, 200.0]))
+    workload: Workload | ClosedLoop
+    shape = draw(st.integers(0, 3))
+    if shape == 0:  # shared prefixes: prompt pages are named as chunks fill them, and claimed
+        sharing = SharedPrefixes(
+            system_prompt=draw(st.sampled_from([64, 1024])), num_system_prompts=draw(st.integers(1, 3)), turns=2
+        )
+        workload = shared_prefix(n, Poisson(rate), prompts, outputs, sharing, seed=seed)
+    elif shape == 1:
+        workload = ClosedLoop(draw(st.integers(1, 4)), n, prompt=prompts, output=outputs, seed=seed)
+    else:
+        workload = synthetic(n, Gamma(rate=rate, cv=2.0), prompts, outputs, seed=seed)
+    options = PolicyOptions(
+        max_model_len=8192,
+        chunk_size=draw(st.sampled_from([None, 16, 64, 256])),
+        max_num_seqs=draw(st.sampled_from([None, 4])),
+        enable_prefix_caching=draw(st.booleans()),
+    )
+    policy = load_policy(draw(st.sampled_from(["sarathi", "vllm"])), options)
+    if draw(st.booleans()):  # several prefills part-way at once
+        policy = attrs.evolve(policy, chunker=LongPrefillThreshold(draw(st.sampled_from([32, 200])), 3, 2))
+    scenario: dict[str, object] = {
+        "workload": workload,
+        "policy": policy,
+        "deployment": Deployment(
+            num_pages=draw(st.sampled_from([600, 1500, 5000])),
+            max_model_len=8192,
+            watermark=draw(st.sampled_from([0.0, 0.05])),
+        ),
+    }
+    if draw(st.integers(0, 3)) == 0:
+        scenario["disaggregation"] = Disaggregation(draw(st.integers(1, 2)), draw(st.integers(1, 2)))
+    elif draw(st.booleans()):
+        scenario["replicas"] = 2
+    return scenario
+
+
+@given(chunked_scenarios())
+@settings(deadline=None, max_examples=60, suppress_health_check=[HealthCheck.too_slow])
+def test_fast_forward_through_prefill_chunks_gives_every_token_time_of_stepping(options: dict[str, object]) -> None:
+    """Chunk runs (decodes beside ongoing prefill chunks, taken at once) time every token as stepping does."""
+    fast = simulate(fast_forward=True, keep_requests=True, keep_gaps=True, **options)  # type: ignore[arg-type]
+    slow = simulate(fast_forward=False, keep_requests=True, keep_gaps=True, **options)  # type: ignore[arg-type]
+    assert fast.steps == slow.steps
+    assert fast.prefix_cache == slow.prefix_cache
+    assert fast.metrics.gaps is not None
+    assert slow.metrics.gaps is not None
+    fast_gaps = sorted(zip(fast.metrics.gaps.end_s.tolist(), fast.metrics.gaps.gap_s.tolist(), strict=True))
+    slow_gaps = sorted(zip(slow.metrics.gaps.end_s.tolist(), slow.metrics.gaps.gap_s.tolist(), strict=True))
+    assert fast_gaps == slow_gaps
+    assert fast.metrics.requests is not None
+    assert slow.metrics.requests is not None
+    by_id = {r.request_id: r for r in slow.metrics.requests}
+    assert len(by_id) == len(fast.metrics.requests)
+    for record in fast.metrics.requests:
+        twin = by_id[record.request_id]
+        assert (record.ttft_s, record.e2el_s, record.output_len, record.num_preemptions) == (
+            twin.ttft_s,
+            twin.e2el_s,
+            twin.output_len,
+            twin.num_preemptions,
+        )
+        for phase, seconds in record.budget.as_dict().items():
+            assert seconds == pytest.approx(twin.budget.as_dict()[phase], rel=1e-9, abs=1e-12), phase
+    for key in ("failed", "completed", "total_input_tokens", "total_output_tokens"):
+        assert fast.metrics[key] == slow.metrics[key], key
+
+
+def test_prefill_chunks_beside_decodes_are_fast_forwarded() -> None:
+    """A 16K prompt chunked beside 4 decodes under sarathi is taken in runs, not asked of the policy step by step."""
+    workload = mixed_load(num_short=4, short_prompt=256, short_output=300, long_prompt=16384, long_arrival_s=0.5)
+    result = simulate(workload, load_policy("sarathi"))
+    asked = result.steps - result.fast_forwarded_steps
+    assert result.steps > 250  # 33 chunks of up to 508 tokens, and the decodes around them
+    assert asked <= 6  # the admissions (one a step: each prompt fills a chunk) and the last step

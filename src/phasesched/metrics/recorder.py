@@ -30,6 +30,7 @@ from phasesched.metrics.distribution import Distribution
 from phasesched.request import FinishReason
 
 if TYPE_CHECKING:
+    from phasesched.chunk_run import ChunkRun
     from phasesched.decode_run import DecodeRun
     from phasesched.metrics.summary import RunCounters
     from phasesched.plan import StepPlan
@@ -341,14 +342,25 @@ class WorkerRecorder:
             self._unload(request_id).preemptions += 1
         if plan.new_requests:
             self._load_new(plan)
-        slots, sampled = plan.slots, outcome.new_token_ids >= 0
-        has_first = self._has_first[slots]
-        decoding = sampled & has_first
-        if np.count_nonzero(decoding):
-            self._decode_tokens(slots[decoding], end)
-        for i in np.flatnonzero(~has_first).tolist():
-            self._early_slice(int(slots[i]), sampled=bool(sampled[i]), start=start, end=end)
+        self._slices(plan.slots, outcome.new_token_ids >= 0, start, end)
         return self._leave(outcome.finished, end)
+
+    def on_chunk_run(
+        self, run: ChunkRun, start: float, ends: NDArray[np.float64], finished: Iterable[FinishedRequest] = ()
+    ) -> list[str]:
+        """Record the first ``len(ends)`` steps of ``run`` taken at once from ``start``, as :meth:`on_step` would each.
+
+        ``finished`` are the requests the last step finished; they leave, as from :meth:`on_step`.
+        """
+        times, count = [start, *ends.tolist()], run.num_decodes
+        decodes = run.steps[0].slots[:count]
+        if not count or np.count_nonzero(self._has_first[decodes]) < count:
+            count = 0  # a decode without a first token (a prompt's last token, or a decode worker's first)
+        elif count:  # a token each step: as on_decode_run records them
+            self._decode_run_tokens(decodes, ends)
+        for j, step in enumerate(run.steps[: len(ends)]):
+            self._slices(step.slots[count:], step.samples[count:], times[j], times[j + 1])
+        return self._leave(finished, times[-1])
 
     def on_decode_run(
         self, run: DecodeRun, start: float, ends: NDArray[np.float64], finished: Iterable[FinishedRequest] = ()
@@ -367,13 +379,18 @@ class WorkerRecorder:
             self._tokens[early] += len(ends) - 1
             self._last_token[early] = last
             slots = slots[has_first]
+        self._decode_run_tokens(slots, ends, len(run.slots))
+        return self._leave(finished, last)
+
+    def _decode_run_tokens(self, slots: NDArray[np.int32], ends: NDArray[np.float64], width: int = 0) -> None:
+        """A token for each of ``slots`` (with first tokens) at each of ``ends``; ``width`` slices share later gaps."""
+        last = float(ends[-1])
         self.parent._gaps(ends[:1], ends[0] - self._last_token[slots])  # noqa: SLF001 -- one recorder family
         if len(ends) > 1:
-            self.parent._gaps(ends[1:], np.diff(ends), np.full(len(ends) - 1, len(run.slots)))  # noqa: SLF001
+            self.parent._gaps(ends[1:], np.diff(ends), np.full(len(ends) - 1, width or len(slots)))  # noqa: SLF001
         self._decode_s[slots] += last - self._last_token[slots]
         self._last_token[slots] = last
         self._tokens[slots] += len(ends)
-        return self._leave(finished, last)
 
     def fail(self, request_id: str, error: str) -> None:
         """The request failed on this worker (its steps kept failing): drop its timeline, count it as failed."""
@@ -382,6 +399,15 @@ class WorkerRecorder:
         self.parent.fail(request_id, error)
 
     # ---------------------------------------------------------------- internals
+    def _slices(self, slots: NDArray[np.int32], sampled: NDArray[np.bool_], start: float, end: float) -> None:
+        """A step's slices, which ran from ``start`` to ``end``; ``sampled`` says which gave a token."""
+        has_first = self._has_first[slots]
+        decoding = sampled & has_first
+        if np.count_nonzero(decoding):
+            self._decode_tokens(slots[decoding], end)
+        for i in np.flatnonzero(~has_first).tolist():
+            self._early_slice(int(slots[i]), sampled=bool(sampled[i]), start=start, end=end)
+
     def _decode_tokens(self, slots: NDArray[np.int32], end: float) -> None:
         gaps = end - self._last_token[slots]
         self.parent._gaps(np.array([end]), gaps)  # noqa: SLF001 -- one recorder family

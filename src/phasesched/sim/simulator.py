@@ -24,7 +24,9 @@ serve`` counts failed requests, and the run goes on; in a closed loop its client
 Between events, a worker whose batch is all decodes takes identical steps; with
 ``fast_forward`` it takes as many as happen before anything can change its batch in one
 vectorized computation (:meth:`phasesched.scheduler.Scheduler.decode_run`), with exactly the times that
-stepping one by one would give.
+stepping one by one would give. Likewise, a decode-first batch with prompts part-way through a
+chunked prefill takes the steps up to the next prefill's completion at once
+(:meth:`phasesched.scheduler.Scheduler.chunk_run`), each priced as its plan would be.
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ from typing import Any
 import attrs
 import numpy as np
 
+from phasesched.chunk_run import ChunkRun
 from phasesched.costmodel.protocol import CostModel, decode_step_times
 from phasesched.decode_run import DecodeRun
 from phasesched.errors import RequestRejectedError
@@ -95,7 +98,7 @@ class SimResult:
         workers: Per-worker activity.
         wall_s: Wall-clock seconds the simulation took.
         steps: Model steps simulated (fast-forwarded ones included).
-        fast_forwarded_steps: Steps taken inside vectorized decode runs.
+        fast_forwarded_steps: Steps taken inside decode runs and chunk runs.
         prefix_cache: Prefix-cache counters summed over the workers, in tokens (all zero
             when the policy does not cache prefixes).
     """
@@ -140,6 +143,8 @@ class _Worker:
     """Requests a decode run in flight has finished ahead of its end: still counted as load."""
     finishing_pages: int = 0
     """Their KV pages: freed ahead of the run's end, still counted as held."""
+    leaving: list[str] = attrs.Factory(list)
+    """Requests a run in flight on a prefill worker has completed ahead of its end: sent on at its end."""
 
     @property
     def load(self) -> int:
@@ -174,7 +179,8 @@ class Simulator:
         tpot_slo_s: Goodput's TPOT target.
         keep_requests: Keep a record per finished request in the result.
         keep_gaps: Keep every token gap with its end time (``metrics.gaps``), for window analyses.
-        fast_forward: Advance runs of pure-decode steps in one computation.
+        fast_forward: Advance runs of pure-decode steps, and of decode-first steps with prefill
+            chunks, in one computation.
         max_decode_run: Longest run taken at once.
         progress: Called with ``(completed, total)`` as requests finish.
 
@@ -289,19 +295,20 @@ class Simulator:
         would end on their own, which leaves the earliest one as it is and so is consistent.
         Prefill workers whose held KV a decode admission let go start theirs among the plain steps.
         """
-        runs = []
+        runs: list[tuple[_Worker, DecodeRun | ChunkRun]] = []
         # Decode workers first: their admissions let go of held KV, which prefill workers
         # starting at the same instant must see, whatever order the events came in.
         for worker in sorted(workers, key=lambda w: w.role is not Role.DECODE):
-            run = None if worker.busy or not self.fast_forward else worker.scheduler.decode_run(self.max_decode_run)
+            run = None if worker.busy or not self.fast_forward else self._fast_run(worker)
             if run is not None:
                 runs.append((worker, run))
             elif not worker.busy:
                 self._start_step(worker, now)
+        with_runs = {worker.index for worker, _ in runs}  # their runs saw what was let go before them
         while self._unheld:  # prefill workers take no decode runs, and their steps let go of nothing
             unheld, self._unheld = self._unheld, {}
             for worker in unheld.values():
-                if not worker.busy:
+                if not worker.busy and worker.index not in with_runs:
                     self._start_step(worker, now)
         priced = []
         for worker, run in runs:
@@ -311,6 +318,11 @@ class Simulator:
         for worker, run, horizon, ends, _ in priced:
             others = [end for other, _, _, _, end in priced if self._affects(worker, _Event.STEP_END, other)]
             self._take_run(worker, run, now, ends, _run_length(ends, min([horizon, *others])))
+
+    def _fast_run(self, worker: _Worker) -> DecodeRun | ChunkRun | None:
+        """The worker's next steps if they can be taken at once: pure decodes, or decodes beside prefill chunks."""
+        scheduler = worker.scheduler
+        return scheduler.decode_run(self.max_decode_run) or scheduler.chunk_run(self.max_decode_run)
 
     def _start_step(self, worker: _Worker, now: float) -> None:
         """Schedule and price one step of ``worker`` (an idle step when it has nothing to run)."""
@@ -329,23 +341,32 @@ class Simulator:
         worker.busy_s += duration
         self._push(now + duration, _Event.STEP_END, worker)
 
-    def _take_run(self, worker: _Worker, run: DecodeRun, now: float, ends: np.ndarray, count: int) -> None:
+    def _take_run(self, worker: _Worker, run: DecodeRun | ChunkRun, now: float, ends: np.ndarray, count: int) -> None:
         """Take the first ``count`` steps of ``run``, which end at ``ends``."""
         kv = worker.scheduler.kv
-        unfreed = kv.num_free_pages - int(kv.pages_to_grow(run.slots, run.kv_len - 1 + count).sum())
-        finished = worker.scheduler.advance(run, count)
+        if isinstance(run, ChunkRun):
+            unfreed = kv.num_free_pages - int(run.growth[count - 1])
+            finished = worker.scheduler.advance_chunks(run, count)
+            left = worker.recorder.on_chunk_run(run, now, ends[:count], finished)
+        else:
+            unfreed = kv.num_free_pages - int(kv.pages_to_grow(run.slots, run.kv_len - 1 + count).sum())
+            finished = worker.scheduler.advance(run, count)
+            left = worker.recorder.on_decode_run(run, now, ends[:count], finished)
         self._progress += 1
         end = float(ends[count - 1])
-        left = worker.recorder.on_decode_run(run, now, ends[:count], finished)
         worker.busy, worker.plan, worker.finishing = True, None, len(left)
+        if worker.role is Role.PREFILL:
+            worker.leaving = left  # their KV is sent when the step that completed them ends
         worker.finishing_pages = kv.num_free_pages - unfreed  # freed early by the finishes
         worker.steps += count
         worker.fast_forwarded += count
         worker.busy_s += end - now
         self._push(end, _Event.STEP_END, worker)  # its finishes are reported then, as stepping would
 
-    def _step_ends(self, worker: _Worker, run: DecodeRun, now: float, horizon: float) -> np.ndarray:
+    def _step_ends(self, worker: _Worker, run: DecodeRun | ChunkRun, now: float, horizon: float) -> np.ndarray:
         """End times of the run's steps, priced in growing batches until one ends past ``horizon``."""
+        if isinstance(run, ChunkRun):
+            return self._chunk_step_ends(worker, run, now, horizon)
         priced = min(run.max_steps, 32)
         while True:
             durations = decode_step_times(worker.cost, run.kv_len, priced)
@@ -355,10 +376,26 @@ class Simulator:
                 return ends
             priced = min(run.max_steps, priced * 4)
 
+    @staticmethod
+    def _chunk_step_ends(worker: _Worker, run: ChunkRun, now: float, horizon: float) -> np.ndarray:
+        """End times of a chunk run's steps, each priced as its plan would be, until one ends at or past ``horizon``."""
+        ends, cost = [], worker.cost
+        for step in run.steps:
+            now += cost.step_time(step.num_new, step.kv_len)  # the clock as stepping advances it
+            ends.append(now)
+            if now >= horizon:
+                break
+        return np.array(ends, dtype=np.float64)
+
     def _step_end(self, worker: _Worker, now: float) -> None:
         finished_in_run, worker.busy, worker.finishing, worker.finishing_pages = worker.finishing, False, 0, 0
-        if worker.plan is None:  # a decode run: recorded when it started; its finishes count now
-            if finished_in_run:
+        if worker.plan is None:  # a run: recorded when it started; its finishes count now
+            if worker.role is Role.PREFILL:
+                leaving, worker.leaving = worker.leaving, []
+                for request_id in leaving:
+                    self._hold(worker, request_id)
+                    self._start_transfer(request_id, now)
+            elif finished_in_run:
                 self._finished(finished_in_run, now)
             return
         assert worker.result is not None
@@ -514,7 +551,8 @@ class Simulator:
         if kind is _Event.ARRIVAL:
             return True  # a decode worker's work starts as an arrival at a prefill worker
         if kind in (_Event.LINK, _Event.DELIVER):
-            return worker.role is Role.DECODE
+            # KV landing starts decode steps; in a closed loop their finishes issue requests anywhere.
+            return worker.role is Role.DECODE or self.closed_loop is not None
         other: _Worker = payload
         if other is worker:
             return False
