@@ -150,9 +150,9 @@ class _SteadyBatch:
         # ``step`` counts the batch's steps; in step t, group ``-t % page_size`` starts pages.
         offset = start % size
         order = np.argsort(offset, kind="stable").astype(np.int32)
-        bounds = np.cumsum(np.bincount(offset, minlength=size))[:-1]
-        self.groups: list[NDArray[np.int32]] = np.split(order, bounds)
-        self.naming = _steady_naming(scheduler, running, self.groups) if scheduler._kv.prefix_caching else None  # noqa: SLF001
+        ends = np.cumsum(np.bincount(offset, minlength=size)).tolist()
+        self.groups: list[NDArray[np.int32]] = [order[a:b] for a, b in zip([0, *ends[:-1]], ends, strict=True)]
+        self.naming = _steady_naming(scheduler, running, self.groups)
         self.step = 0
         # Steps until the first request reaches its length limit (its sampled token then finishes it).
         self.to_length = int((arrays.max_known[running] - known).min())
@@ -223,10 +223,21 @@ class _GroupNaming(NamedTuple):
     """Their sequences' page hash lists, extended in place."""
 
 
-def _steady_naming(scheduler: Scheduler, running: Int32Array, groups: list[NDArray[np.int32]]) -> list[_GroupNaming]:
-    """Per steady group, the slots whose pages get names as they fill: fixed while the batch lasts."""
-    arrays = scheduler._arrays  # noqa: SLF001
-    nameable = arrays.has_ids[running] & scheduler._kv.names_every_page(running)  # noqa: SLF001
+def _steady_naming(
+    scheduler: Scheduler, running: Int32Array, groups: list[NDArray[np.int32]]
+) -> list[_GroupNaming] | None:
+    """Per steady group, the slots whose pages get names as they fill: fixed while the batch lasts.
+
+    ``None`` when no page will be named: the cache is off, or no sequence has token ids to hash
+    (a simulation's length-only requests), so the steady steps skip naming altogether.
+    """
+    arrays, kv = scheduler._arrays, scheduler._kv  # noqa: SLF001
+    if not kv.prefix_caching:
+        return None
+    nameable = arrays.has_ids[running]
+    if not np.count_nonzero(nameable):
+        return None
+    nameable &= kv.names_every_page(running)
     naming = []
     for group in groups:
         named = group[nameable[group]]
