@@ -11,12 +11,14 @@ transferred (precomputed) prompts and preemptions.
 from __future__ import annotations
 
 import contextlib
+from unittest import mock
 
 import attrs
 import numpy as np
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+import phasesched.scheduler
 from phasesched import (
     DeterministicExecutor,
     PolicyOptions,
@@ -213,13 +215,25 @@ class TestMixedFastPath:
         steps=st.lists(events, min_size=20, max_size=80),
         pages=st.integers(12, 80),
         watermark=st.sampled_from((0.0, 0.1)),
+        core_min=st.sampled_from((0, 0, 2, 4)),
     )
     @SETTINGS
     def test_plans_match_the_policy_asked_in_full(
-        self, policy: SchedulingPolicy, workload: list[Arrival], steps: list[Events], pages: int, watermark: float
+        self,
+        policy: SchedulingPolicy,
+        workload: list[Arrival],
+        steps: list[Events],
+        pages: int,
+        watermark: float,
+        core_min: int,
     ) -> None:
-        """With aborts, abandons, executor finishes, stop tokens and the prefix cache, both schedulers say the same."""
-        run(policy, workload, steps, pages, watermark)
+        """With aborts, abandons, executor finishes, stop tokens and the prefix cache, both schedulers say the same.
+
+        ``core_min`` above 0 makes steps switch between the mixed path and the policy's as the
+        running set crosses the size from which mixed steps build a decode core.
+        """
+        with mock.patch.object(phasesched.scheduler, "_MIXED_CORE_MIN", core_min):
+            run(policy, workload, steps, pages, watermark)
 
     def test_the_mixed_path_is_taken(self) -> None:
         """A long prompt chunked beside running decodes is planned by the mixed path, its decodes kept."""
@@ -240,6 +254,31 @@ class TestMixedFastPath:
             scheduler.update(plan, executor.execute(plan))
         assert cores[0] is not None
         assert all(core is cores[0] for core in cores)  # one core, kept from step to step
+
+    def test_few_decodes_are_planned_by_the_policy(self) -> None:
+        """Below ``_MIXED_CORE_MIN`` running requests, mixed steps build no core: the policy plans them."""
+        policy = load_policy("vllm", PolicyOptions(max_num_batched_tokens=16, max_num_seqs=8))
+        scheduler = Scheduler(SchedulerConfig(num_pages=128, page_size=4), policy)
+        executor = DeterministicExecutor()
+        with mock.patch.object(phasesched.scheduler, "_MIXED_CORE_MIN", 6):
+            for i in range(4):
+                scheduler.add_request(Request(f"d{i}", prompt_token_ids=[i, 1, 2], max_new_tokens=40))
+            scheduler.add_request(Request("long", prompt_token_ids=list(range(60)), max_new_tokens=2))
+            for _ in range(4):
+                plan = scheduler.schedule()
+                assert scheduler._core is None
+                scheduler.update(plan, executor.execute(plan))
+            for i in range(5, 8):
+                scheduler.add_request(Request(f"d{i}", prompt_token_ids=[i, 1, 2], max_new_tokens=40))
+            scheduler.add_request(Request("long2", prompt_token_ids=list(range(60)), max_new_tokens=2))
+            cores = []
+            for _ in range(4):  # once six or more run, the mixed path takes the steps and keeps a core
+                running = scheduler.num_running
+                plan = scheduler.schedule()
+                assert running >= 6 or scheduler._core is None
+                cores.append(scheduler._core)
+                scheduler.update(plan, executor.execute(plan))
+            assert any(core is not None for core in cores)
 
     def test_subclasses_and_plugins_are_asked_in_full(self) -> None:
         """Only decode-first itself, with a chunk sizer that never reads the batch, takes the mixed path."""

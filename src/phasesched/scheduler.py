@@ -82,6 +82,14 @@ def prompt_page_hashes(request: Request, page_size: int) -> list[int]:
     return hashes
 
 
+_MIXED_CORE_MIN = 64
+"""Running requests from which a mixed step builds a fresh decode core (:meth:`Scheduler._mixed_plan`).
+
+Building one costs about as much as the policy's own plan for a few dozen decodes, and pays
+only when later steps reuse it; below this the policy plans such a step in full (the same plan).
+"""
+
+
 def _frozen(array: Int32Array) -> Int32Array:
     array.flags.writeable = False
     return array
@@ -630,11 +638,9 @@ class Scheduler:
         build for the policy's selection (``tests/test_mixed_fast_path.py`` holds them together).
         """
         self._name_pending()  # admissions claim cached pages: they must find the steady steps' pages named
-        core = self._core
-        if core is None or not core.ready:
-            core = self._core = self._decode_core()
-            if core is None:
-                return None
+        core = self._core if self._core is not None and self._core.ready else self._rebuilt_core()
+        if core is None:
+            return None
         running, arrays, kv = self._running, self._arrays, self._kv
         # Every running request decodes and nobody waiting can be seated (see _seated_steady,
         # which holds for this path's policies): decode-first then adds nothing after the decodes.
@@ -644,7 +650,7 @@ class Scheduler:
             others = running[~is_decode]
             computed = arrays.computed[others]
             if np.count_nonzero((arrays.known[others] - computed == 1) & (computed >= arrays.prompt_len[others])):
-                core = self._core = self._decode_core()  # a prefill completed: it decodes now
+                core = self._rebuilt_core()  # a prefill completed: it decodes now
                 if core is None:
                     return None
                 is_decode = core.members(running)
@@ -673,6 +679,11 @@ class Scheduler:
         admitted, new_requests = self._extend_step(grown, new_pages, checked, journal)
         self._steady = None  # it may be the core: its update is not the steady one now
         return self._mixed_step(core, checked, starting=starting, admitted=admitted, new_requests=new_requests)
+
+    def _rebuilt_core(self) -> _SteadyBatch | None:
+        """A fresh core for the mixed path, kept as ``_core``; ``None`` if nobody decodes or too few run to pay."""
+        self._core = self._decode_core() if len(self._running) >= _MIXED_CORE_MIN else None
+        return self._core
 
     def _decode_core(self) -> _SteadyBatch | None:
         """A fresh core of the running decodes, in admission order; ``None`` if nobody decodes."""
