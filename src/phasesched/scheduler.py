@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import functools
 import itertools
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import NamedTuple
 
 import attrs
@@ -1174,23 +1174,10 @@ class Scheduler:
             InvalidPlanError: The run is stale (the scheduler changed since it was made) or
                 ``num_steps`` is outside ``[1, run.max_steps]``; nothing changed.
         """
-        self._name_pending()
-        if run._version != self._version:  # noqa: SLF001 -- the run's own token
-            msg = "this DecodeRun is stale: the scheduler changed after decode_run()"
-            raise InvalidPlanError(msg)
-        if not is_int(num_steps) or not 1 <= num_steps <= run.max_steps:
-            msg = f"num_steps must be in [1, {run.max_steps}], got {num_steps}"
-            raise InvalidPlanError(msg)
-        self._core = None  # its decodes move on without plans
-        journal = Journal()
-        try:
-            finished = self._advance(run.slots, int(num_steps), journal)
-        except BaseException:
-            journal.rollback()
-            raise
-        self._next_step += num_steps
-        self._version += 1
-        return finished
+        stale = run._version != self._version  # noqa: SLF001 -- the run's own token
+        return self._fast_forward(
+            "DecodeRun", "decode_run", stale, run.max_steps, num_steps, functools.partial(self._advance, run.slots)
+        )
 
     def _advance(self, slots: Int32Array, num_steps: int, journal: Journal) -> tuple[FinishedRequest, ...]:
         arrays = self._arrays
@@ -1297,17 +1284,32 @@ class Scheduler:
             InvalidPlanError: The run is stale (the scheduler changed since it was made) or
                 ``num_steps`` is outside ``[1, run.max_steps]``; nothing changed.
         """
+        stale = run._version != self._version  # noqa: SLF001 -- the run's own token
+        return self._fast_forward(
+            "ChunkRun", "chunk_run", stale, run.max_steps, num_steps, functools.partial(self._advance_chunks, run)
+        )
+
+    def _fast_forward(  # noqa: PLR0913, PLR0917 -- the run's names for the errors, its checks, and what applies it
+        self,
+        kind: str,
+        maker: str,
+        stale: bool,
+        max_steps: int,
+        num_steps: int,
+        apply: Callable[[int, Journal], tuple[FinishedRequest, ...]],
+    ) -> tuple[FinishedRequest, ...]:
+        """Check a fast-forward run, then apply ``num_steps`` of it atomically (``advance``, ``advance_chunks``)."""
         self._name_pending()
-        if run._version != self._version:  # noqa: SLF001 -- the run's own token
-            msg = "this ChunkRun is stale: the scheduler changed after chunk_run()"
+        if stale:
+            msg = f"this {kind} is stale: the scheduler changed after {maker}()"
             raise InvalidPlanError(msg)
-        if not is_int(num_steps) or not 1 <= num_steps <= run.max_steps:
-            msg = f"num_steps must be in [1, {run.max_steps}], got {num_steps}"
+        if not is_int(num_steps) or not 1 <= num_steps <= max_steps:
+            msg = f"num_steps must be in [1, {max_steps}], got {num_steps}"
             raise InvalidPlanError(msg)
         self._core = None  # its decodes move on without plans
         journal = Journal()
         try:
-            finished = self._advance_chunks(run, int(num_steps), journal)
+            finished = apply(int(num_steps), journal)
         except BaseException:
             journal.rollback()
             raise
