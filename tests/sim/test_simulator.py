@@ -407,6 +407,13 @@ def queued_scenarios(draw: st.DrawFn) -> dict[str, object]:
     return {"workload": workload, "policy": policy, "deployment": deployment}
 
 
+def token_gaps(result: SimResult) -> list[tuple[float, float]]:
+    """Every token gap of a run kept with ``keep_gaps``, as (end, gap) pairs in time order."""
+    gaps = result.metrics.gaps
+    assert gaps is not None
+    return sorted(zip(gaps.end_s.tolist(), gaps.gap_s.tolist(), strict=True))
+
+
 @given(queued_scenarios())
 @settings(deadline=None, max_examples=60, suppress_health_check=[HealthCheck.too_slow])
 def test_fast_forward_through_blocked_queues_gives_every_token_time_of_stepping(options: dict[str, object]) -> None:
@@ -414,11 +421,7 @@ def test_fast_forward_through_blocked_queues_gives_every_token_time_of_stepping(
     fast = simulate(fast_forward=True, keep_requests=True, keep_gaps=True, **options)  # type: ignore[arg-type]
     slow = simulate(fast_forward=False, keep_requests=True, keep_gaps=True, **options)  # type: ignore[arg-type]
     assert fast.steps == slow.steps
-    assert fast.metrics.gaps is not None
-    assert slow.metrics.gaps is not None
-    fast_gaps = sorted(zip(fast.metrics.gaps.end_s.tolist(), fast.metrics.gaps.gap_s.tolist(), strict=True))
-    slow_gaps = sorted(zip(slow.metrics.gaps.end_s.tolist(), slow.metrics.gaps.gap_s.tolist(), strict=True))
-    assert fast_gaps == slow_gaps
+    assert token_gaps(fast) == token_gaps(slow)
     assert fast.metrics.requests is not None
     assert slow.metrics.requests is not None
     timelines = {r.request_id: (r.ttft_s, r.e2el_s, r.output_len) for r in slow.metrics.requests}
@@ -477,11 +480,7 @@ def test_fast_forward_through_prefill_chunks_gives_every_token_time_of_stepping(
     slow = simulate(fast_forward=False, keep_requests=True, keep_gaps=True, **options)  # type: ignore[arg-type]
     assert fast.steps == slow.steps
     assert fast.prefix_cache == slow.prefix_cache
-    assert fast.metrics.gaps is not None
-    assert slow.metrics.gaps is not None
-    fast_gaps = sorted(zip(fast.metrics.gaps.end_s.tolist(), fast.metrics.gaps.gap_s.tolist(), strict=True))
-    slow_gaps = sorted(zip(slow.metrics.gaps.end_s.tolist(), slow.metrics.gaps.gap_s.tolist(), strict=True))
-    assert fast_gaps == slow_gaps
+    assert token_gaps(fast) == token_gaps(slow)
     assert fast.metrics.requests is not None
     assert slow.metrics.requests is not None
     by_id = {r.request_id: r for r in slow.metrics.requests}
