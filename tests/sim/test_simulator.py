@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from phasesched import PolicyOptions, load_policy
 from phasesched.costmodel import RooflineCostModel
-from phasesched.metrics import RequestRecord
+from phasesched.metrics import RequestRecord, Role
 from phasesched.policies.chunking import LongPrefillThreshold
 from phasesched.policies.queue_order import ShortestRemainingPrefill
 from phasesched.sim import (
@@ -497,6 +497,58 @@ def test_fast_forward_through_prefill_chunks_gives_every_token_time_of_stepping(
             assert seconds == pytest.approx(twin.budget.as_dict()[phase], rel=1e-9, abs=1e-12), phase
     for key in ("failed", "completed", "total_input_tokens", "total_output_tokens"):
         assert fast.metrics[key] == slow.metrics[key], key
+
+
+def test_decode_workers_take_long_runs_beside_each_other() -> None:
+    """Two decode workers with nobody waiting do not cut each other's runs at every step end.
+
+    One's step end can reach the other only through an admission it makes, and with an empty
+    queue it makes none until KV is delivered to it (an event of its own).
+    """
+    result = simulate(
+        fixed(8, prompt_len=256, output_len=400, rate=100.0), load_policy("vllm"), disaggregation=Disaggregation(1, 2)
+    )
+    decode = [w for w in result.workers if w.role is Role.DECODE]
+    assert [w.steps > 400 for w in decode] == [True, True]
+    # Each worker's runs end where a request lands on either worker (8 deliveries) or leaves it.
+    assert all(w.runs <= 20 for w in decode), [(w.steps, w.runs) for w in decode]
+
+
+@st.composite
+def two_decode_worker_scenarios(draw: st.DrawFn) -> dict[str, object]:
+    """Disaggregated runs with two decode workers whose KV fills, so their queues let held KV go."""
+    n = draw(st.integers(4, 40))
+    workload = synthetic(
+        n,
+        Gamma(rate=draw(st.sampled_from([5.0, 50.0, 500.0])), cv=2.0),
+        Uniform(1, draw(st.sampled_from([300, 1500]))),
+        Uniform(1, draw(st.sampled_from([40, 200, 600]))),
+        seed=draw(st.integers(0, 1000)),
+    )
+    options = PolicyOptions(max_model_len=4096, max_num_seqs=draw(st.sampled_from([None, 2, 4])))
+    return {
+        "workload": workload,
+        "policy": load_policy(draw(st.sampled_from(["vllm", "sarathi", "sglang"])), options),
+        "deployment": Deployment(num_pages=draw(st.sampled_from([130, 200, 260, 5000])), max_model_len=4096),
+        "disaggregation": Disaggregation(draw(st.integers(1, 2)), 2),
+    }
+
+
+@given(two_decode_worker_scenarios())
+@settings(deadline=None, max_examples=40, suppress_health_check=[HealthCheck.too_slow])
+def test_fast_forward_beside_another_decode_worker_gives_every_token_time_of_stepping(
+    options: dict[str, object],
+) -> None:
+    """Decode runs that pass the other decode worker's step ends time every token as stepping does."""
+    fast = simulate(fast_forward=True, keep_requests=True, keep_gaps=True, **options)  # type: ignore[arg-type]
+    slow = simulate(fast_forward=False, keep_requests=True, keep_gaps=True, **options)  # type: ignore[arg-type]
+    assert fast.steps == slow.steps
+    assert token_gaps(fast) == token_gaps(slow)
+    assert fast.metrics.requests is not None
+    assert slow.metrics.requests is not None
+    timelines = {r.request_id: (r.ttft_s, r.e2el_s, r.output_len) for r in slow.metrics.requests}
+    assert {r.request_id: (r.ttft_s, r.e2el_s, r.output_len) for r in fast.metrics.requests} == timelines
+    assert fast.metrics["failed"] == slow.metrics["failed"]
 
 
 def test_prefill_chunks_beside_decodes_are_fast_forwarded() -> None:

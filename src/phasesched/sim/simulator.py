@@ -82,11 +82,12 @@ class _Event(enum.IntEnum):
 
 @attrs.frozen
 class WorkerStats:
-    """What one worker did: its role, steps taken and seconds busy."""
+    """What one worker did: its role, steps taken, seconds busy and the runs its fast-forwarded steps made."""
 
     role: Role
     steps: int
     busy_s: float
+    runs: int = 0
 
 
 @attrs.frozen(eq=False)
@@ -121,7 +122,9 @@ class SimResult:
         out["prefix_cache_queried_tokens"] = cache.queried
         out["prefix_cache_hit_tokens"] = cache.hits
         out["prefix_cache_hit_rate"] = cache.hit_rate
-        out["workers"] = [{"role": w.role.value, "steps": w.steps, "busy_s": w.busy_s} for w in self.workers]
+        out["workers"] = [
+            {"role": w.role.value, "steps": w.steps, "busy_s": w.busy_s, "runs": w.runs} for w in self.workers
+        ]
         return out
 
 
@@ -138,6 +141,7 @@ class _Worker:
     start: float = 0.0
     steps: int = 0
     fast_forwarded: int = 0
+    runs: int = 0
     busy_s: float = 0.0
     finishing: int = 0
     """Requests a decode run in flight has finished ahead of its end: still counted as load."""
@@ -360,6 +364,7 @@ class Simulator:
         worker.finishing_pages = kv.num_free_pages - unfreed  # freed early by the finishes
         worker.steps += count
         worker.fast_forwarded += count
+        worker.runs += 1
         worker.busy_s += end - now
         self._push(end, _Event.STEP_END, worker)  # its finishes are reported then, as stepping would
 
@@ -558,10 +563,15 @@ class Simulator:
             return False
         if self.closed_loop is not None:  # a finish anywhere issues a new request
             return True
-        # Disaggregated, any step end can reach a decode worker: a prefill's finish sends it KV,
-        # and another decode worker's admission lets a prefill worker's held KV go, which
-        # starts a prefill step whose requests it may be routed.
-        return worker.role is Role.DECODE
+        # Disaggregated, a prefill's step end can send a decode worker KV. Another decode
+        # worker's step end reaches it only through an admission there, which lets a prefill
+        # worker's held KV go and so starts a prefill step whose requests it may be routed:
+        # with nobody waiting, that worker admits nothing until KV is delivered to it, and a
+        # delivery is an event of its own. (Without this, two decode workers' runs cut each
+        # other at every step end.)
+        if worker.role is not Role.DECODE:
+            return False
+        return other.role is not Role.DECODE or other.scheduler.num_waiting > 0
 
     def _make_workers(self, replicas: int, disaggregation: Disaggregation | None) -> list[_Worker]:
         if disaggregation is None:
@@ -579,7 +589,7 @@ class Simulator:
         duration = max(self._last_finish - (self._first_arrival or 0.0), 0.0)
         requests = self.recorder.records if self.recorder.keep_requests else None
         metrics = summarize(self.recorder.counters(), duration, requests, self.recorder.gap_log())
-        stats = tuple(WorkerStats(w.role, w.steps, w.busy_s) for w in self.workers)
+        stats = tuple(WorkerStats(w.role, w.steps, w.busy_s, w.runs) for w in self.workers)
         steps = sum(w.steps for w in self.workers)
         fast = sum(w.fast_forwarded for w in self.workers)
         return SimResult(metrics, stats, wall_s, steps, fast, _cache_tokens(self.workers))
