@@ -35,6 +35,8 @@ __all__ = ["SLO", "SLOVerdict", "parse_duration_s"]
 _UNITS = {"us": 1e-6, "ms": 1e-3, "s": 1.0}
 _DURATION = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:e-?[0-9]+)?)\s*(us|ms|s)?\s*$")
 _RUN_KEY = re.compile(r"^(ttft|tpot|itl|e2el)_(mean|p50|p90|p95|p99)$")
+_SLACK = 1e-12
+"""Attainment within this of the target counts as meeting it (``good / total`` is a float)."""
 _STAT_PREFIX = {"mean": "mean", "p50": "median", "p90": "p90", "p95": "p95", "p99": "p99"}
 
 
@@ -146,7 +148,29 @@ class SLO:
             for key, target in self.run_targets_ms
             if not values.get(key, math.nan) <= target
         )
-        return SLOVerdict(attained, attained >= self.attainment - 1e-12 and not misses, misses)
+        return SLOVerdict(attained, attained >= self.attainment - _SLACK and not misses, misses)
+
+    def max_misses(self, total: int) -> int | None:
+        """The most of ``total`` requests that may miss the per-request targets (or fail) with the SLO still met.
+
+        A run whose misses pass this can stop: nothing it does later brings it back.
+        ``None`` when there is no per-request target to miss.
+
+        >>> SLO(ttft_s=1.0).max_misses(1000), SLO(ttft_s=1.0, attainment=1.0).max_misses(7)
+        (100, 0)
+        """
+        if self.ttft_s is None and self.tpot_s is None:
+            return None
+        misses = math.floor((1.0 - self.attainment) * total)
+        # The float product may land a request either side: settle it with the test judge() applies.
+        while misses < total and self._attained(total - misses - 1, total):
+            misses += 1
+        while misses > 0 and not self._attained(total - misses, total):
+            misses -= 1
+        return misses
+
+    def _attained(self, good: int, total: int) -> bool:
+        return good / total >= self.attainment - _SLACK
 
     def describe(self) -> str:
         """The targets in words."""

@@ -35,6 +35,7 @@ EMPTY = Workload("none", [], [], [])
 VALUE_ERRORS: dict[str, Callable[[], object]] = {
     "replicas=0": lambda: simulate(fixed(2, 16, 2), load_policy("vllm"), replicas=0),
     "max_decode_run=0": lambda: simulate(fixed(2, 16, 2), load_policy("vllm"), max_decode_run=0),
+    "stop_after_missed=-1": lambda: simulate(fixed(2, 16, 2), load_policy("vllm"), stop_after_missed=-1),
     "Deployment(tensor_parallel=0)": lambda: Deployment(tensor_parallel=0),
     "Deployment(gpu_memory_utilization=1.5)": lambda: Deployment(gpu_memory_utilization=1.5),
     "Disaggregation(decode_workers=0)": lambda: Disaggregation(decode_workers=0),
@@ -65,6 +66,7 @@ TYPE_ERRORS: dict[str, Callable[[], object]] = {
     "ClosedLoop(prompt='x')": lambda: ClosedLoop(1, 1, prompt="x", output=8),  # type: ignore[arg-type]
     "Workload(name=3)": lambda: Workload(3, [0.0], [1], [1]),  # type: ignore[arg-type]
     "simulate(replicas=1.5)": lambda: simulate(fixed(1, 8, 1), load_policy("vllm"), replicas=1.5),
+    "simulate(stop_after_missed=0.5)": lambda: simulate(fixed(1, 8, 1), load_policy("vllm"), stop_after_missed=0.5),
 }
 
 

@@ -388,6 +388,30 @@ def test_fast_forward_gives_the_metrics_of_stepping(options: dict[str, object]) 
             assert seconds == pytest.approx(twin.budget.as_dict()[phase], rel=1e-9, abs=1e-12), phase
 
 
+@given(scenarios(), st.integers(0, 6), st.sampled_from([0.01, 0.3, 3.0]))
+@settings(deadline=None, max_examples=40, suppress_health_check=[HealthCheck.too_slow])
+def test_stop_after_missed_stops_exactly_when_the_whole_run_misses_more(
+    options: dict[str, object], limit: int, ttft_s: float
+) -> None:
+    """A run stops early exactly when the whole run ends with more misses than allowed; else it is the whole run."""
+    slo = {"ttft_slo_s": ttft_s, "tpot_slo_s": 0.03}
+    whole = Simulator(**options, **slo)  # type: ignore[arg-type]
+    whole_result = whole.run()
+    part = Simulator(**options, **slo, stop_after_missed=limit)  # type: ignore[arg-type]
+    part_result = part.run()
+    assert part_result.stopped_early == (whole.recorder.missed > limit)
+    if part_result.stopped_early:
+        assert limit < part.recorder.missed <= whole.recorder.missed
+        assert part.recorder.completed <= whole.recorder.completed
+    else:
+        assert _same(part_result.metrics.values, whole_result.metrics.values)
+
+
+def _same(a: dict[str, float], b: dict[str, float]) -> bool:
+    """Equal results, NaN equal to NaN."""
+    return a.keys() == b.keys() and all(a[k] == b[k] or (math.isnan(a[k]) and math.isnan(b[k])) for k in a)
+
+
 @st.composite
 def queued_scenarios(draw: st.DrawFn) -> dict[str, object]:
     """One worker whose KV holds a few requests while many wait: blocked queues, arrivals mid-run, preemptions."""

@@ -10,7 +10,10 @@ from typing import Any
 import attrs
 import numpy as np
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
+from phasesched import load_policy
 from phasesched.cli import main
 from phasesched.costmodel import ProfiledCostModel, ProfilePoint, write_profile_csv
 from phasesched.costmodel.coverage import GridCoverage
@@ -21,8 +24,10 @@ from phasesched.sim.arrivals import Poisson
 from phasesched.sim.builders import synthetic
 from phasesched.sim.deployment import Deployment
 from phasesched.sim.lengths import Uniform
+from phasesched.sim.simulator import simulate
 from phasesched.slo import SLO
 from phasesched.tune import Candidate, CapacityConfig, Layout, SearchSpace, TuneRun, find_capacity, layouts, run_tune
+from phasesched.tune.capacity import probe
 from phasesched.tune.search import pareto_front
 
 WORKLOAD = synthetic(40, Poisson(1.0), Uniform(256, 2048), Uniform(16, 64), seed=3)
@@ -51,6 +56,22 @@ class TestSLO:
         assert not verdict.meets
         assert verdict.attainment == pytest.approx(0.95)
         assert verdict.misses == ("p99 ITL 120.0 ms > 100 ms",)
+
+    @given(st.integers(0, 3000), st.sampled_from([0.5, 0.9, 0.95, 0.99, 0.999, 1.0, 1 / 3, 0.7]))
+    def test_max_misses_is_the_last_count_judge_passes(self, total: int, attainment: float) -> None:
+        """max_misses is the largest miss count whose attainment judge() still accepts (checked by brute force)."""
+        slo = SLO(ttft_s=1.0, attainment=attainment)
+        passing = [m for m in range(total + 1) if slo.judge(_run(total, good=total - m)).meets]
+        assert slo.max_misses(total) == (max(passing) if passing else 0)
+
+    def test_max_misses_without_per_request_targets(self) -> None:
+        """Run-level targets alone leave nothing to count per request."""
+        assert SLO.parse("itl_p99=100ms").max_misses(100) is None
+
+
+def _run(total: int, good: int) -> dict[str, float]:
+    """Results of a run of ``total`` requests, ``good`` of them meeting the targets, over 7 s."""
+    return {"completed": total, "request_throughput": total / 7.0, "request_goodput": good / 7.0}
 
 
 class TestSpace:
@@ -105,6 +126,39 @@ class TestCapacity:
             ExperimentContext(), candidate, WORKLOAD, SLO.parse("ttft=1us"), CapacityConfig(max_probes=4)
         )
         assert found is None
+
+
+class TestStoppingEarly:
+    @pytest.mark.parametrize("rate", [1.0, 16.0, 64.0, 1024.0])
+    def test_a_stopped_probe_fails_as_the_whole_run_does(self, rate: float) -> None:
+        """A probe stops only when the whole run would fail the SLO, and otherwise is the whole run."""
+        candidate = Candidate("vllm", None, None, Layout(replicas=1))
+        stopped = probe(ExperimentContext(), candidate, WORKLOAD, SLO_, rate)
+        whole = simulate(
+            WORKLOAD.scaled_to_rate(rate), load_policy("vllm"), ttft_slo_s=SLO_.ttft_s, tpot_slo_s=SLO_.tpot_s
+        )
+        verdict = SLO_.judge(whole.metrics.values)
+        assert stopped.verdict.meets == verdict.meets
+        if stopped.stopped_early:
+            assert stopped.values["completed"] < len(WORKLOAD)
+            assert stopped.verdict.attainment >= verdict.attainment
+        else:
+            assert stopped.verdict == verdict
+        if rate == 1024.0:  # far past capacity: stopped long before the end
+            assert stopped.stopped_early
+
+    def test_capacity_is_the_same_without_stopping(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        """Stopping failing probes early changes no capacity."""
+        candidate = Candidate("sarathi", 512, None, Layout(prefill=1, decode=1))
+        config = CapacityConfig(start_rate=1.0, tolerance=0.05)
+        fast = find_capacity(ExperimentContext(), candidate, WORKLOAD, SLO_, config)
+        monkeypatch.setattr(SLO, "max_misses", lambda _self, _total: None)
+        slow = find_capacity(ExperimentContext(), candidate, WORKLOAD, SLO_, config)
+        assert [p.rate for p in fast[1]] == [p.rate for p in slow[1]]
+        assert [p.verdict.meets for p in fast[1]] == [p.verdict.meets for p in slow[1]]
+        assert any(p.stopped_early for p in fast[1])
+        assert not any(p.stopped_early for p in slow[1])
+        assert fast[0] == slow[0]
 
 
 class TestParallel:

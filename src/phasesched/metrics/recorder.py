@@ -221,6 +221,11 @@ class MetricsRecorder:
         if len(self.errors) < MAX_ERRORS:
             self.errors.append(error)
 
+    @property
+    def missed(self) -> int:
+        """Requests that finished short of the goodput targets, or failed: final, whatever the run does next."""
+        return self.completed - self.good + self.failed
+
     def transferred(self, request_id: str, end: float) -> None:
         """The request's KV reached its decode worker at ``end``."""
         self._live[request_id].charge("transfer", end)

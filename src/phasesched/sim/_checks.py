@@ -95,6 +95,15 @@ def positive_int(name: str, value: int) -> int:
     return value
 
 
+def non_negative_int(name: str, value: int) -> int:
+    """``value`` as an ``int``, after checking it is an integer ``>= 0``."""
+    value = _index(name, value)
+    if value < 0:
+        msg = f"{name} must be a non-negative integer, got {value}"
+        raise InvalidArgumentError(msg)
+    return value
+
+
 def _index(name: str, value: int) -> int:
     """``operator.index(value)``; a non-integer is an :class:`~phasesched.errors.InvalidTypeError` naming ``name``."""
     try:

@@ -34,6 +34,7 @@ from __future__ import annotations
 import enum
 import heapq
 import itertools
+import math
 import time
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
@@ -54,7 +55,7 @@ from phasesched.policies.policy import SchedulingPolicy
 from phasesched.prefix_cache import CacheStats
 from phasesched.request import Request
 from phasesched.scheduler import Scheduler
-from phasesched.sim._checks import positive_int
+from phasesched.sim._checks import non_negative_int, positive_int
 from phasesched.sim.closed_loop import ClosedLoop
 from phasesched.sim.deployment import Deployment, Disaggregation
 from phasesched.sim.executor import SimulatedExecutor
@@ -102,6 +103,8 @@ class SimResult:
         fast_forwarded_steps: Steps taken inside decode runs and chunk runs.
         prefix_cache: Prefix-cache counters summed over the workers, in tokens (all zero
             when the policy does not cache prefixes).
+        stopped_early: The run ended once more requests had missed the goodput targets than
+            ``stop_after_missed`` allows; its metrics cover the requests finished by then.
     """
 
     metrics: RunMetrics
@@ -110,6 +113,7 @@ class SimResult:
     steps: int
     fast_forwarded_steps: int
     prefix_cache: CacheStats = attrs.field(factory=CacheStats)
+    stopped_early: bool = False
 
     def to_dict(self) -> dict[str, Any]:
         """Metrics plus simulation bookkeeping, JSON-ready."""
@@ -118,6 +122,7 @@ class SimResult:
         out["sim_wall_s"] = self.wall_s
         out["sim_steps"] = self.steps
         out["sim_fast_forwarded_steps"] = self.fast_forwarded_steps
+        out["sim_stopped_early"] = self.stopped_early
         cache = self.prefix_cache
         out["prefix_cache_queried_tokens"] = cache.queried
         out["prefix_cache_hit_tokens"] = cache.hits
@@ -187,9 +192,14 @@ class Simulator:
             chunks, in one computation.
         max_decode_run: Longest run taken at once.
         progress: Called with ``(completed, total)`` as requests finish.
+        stop_after_missed: End the run as soon as more requests than this have missed the
+            goodput targets or failed. A capacity search only asks whether a run attains its
+            SLO, and past that many misses nothing the run does later can make it; overloaded
+            runs, the slowest to simulate, stop long before their queues drain.
 
     Raises:
-        InvalidArgumentError: ``replicas`` or ``max_decode_run`` is not a positive integer.
+        InvalidArgumentError: ``replicas`` or ``max_decode_run`` is not a positive integer,
+            or ``stop_after_missed`` is negative.
     """
 
     def __init__(  # noqa: PLR0913 -- the simulation's knobs, all keyword-only
@@ -207,11 +217,15 @@ class Simulator:
         fast_forward: bool = True,
         max_decode_run: int = 4096,
         progress: Progress | None = None,
+        stop_after_missed: int | None = None,
     ) -> None:
         self.deployment = deployment or Deployment()
         if disaggregation is None:
             positive_int("replicas", replicas)
         positive_int("max_decode_run", max_decode_run)
+        self.stop_after_missed = (
+            None if stop_after_missed is None else non_negative_int("stop_after_missed", stop_after_missed)
+        )
         self.policy = policy
         self.fast_forward = fast_forward
         self.max_decode_run = max_decode_run
@@ -257,6 +271,7 @@ class Simulator:
         wall = time.perf_counter()
         self._issue_initial()
         watchdog = Watchdog()
+        limit = math.inf if self.stop_after_missed is None else self.stop_after_missed
         while self._heap:
             now = self._heap[0][0]
             check_clock(now)
@@ -265,6 +280,8 @@ class Simulator:
                 _, _, kind, payload = heapq.heappop(self._heap)
                 self._handle(kind, payload, now, touched)
                 watchdog.event(now, self._progress)
+            if self.recorder.missed > limit:
+                return self._result(time.perf_counter() - wall, stopped_early=True)
             self._start_all(touched.values(), now)
         left = self._issued - self.recorder.completed - self.recorder.failed
         if left:
@@ -585,14 +602,14 @@ class Simulator:
             for i, role in enumerate(roles)
         ]
 
-    def _result(self, wall_s: float) -> SimResult:
+    def _result(self, wall_s: float, *, stopped_early: bool = False) -> SimResult:
         duration = max(self._last_finish - (self._first_arrival or 0.0), 0.0)
         requests = self.recorder.records if self.recorder.keep_requests else None
         metrics = summarize(self.recorder.counters(), duration, requests, self.recorder.gap_log())
         stats = tuple(WorkerStats(w.role, w.steps, w.busy_s, w.runs) for w in self.workers)
         steps = sum(w.steps for w in self.workers)
         fast = sum(w.fast_forwarded for w in self.workers)
-        return SimResult(metrics, stats, wall_s, steps, fast, _cache_tokens(self.workers))
+        return SimResult(metrics, stats, wall_s, steps, fast, _cache_tokens(self.workers), stopped_early)
 
 
 def _cache_tokens(workers: Iterable[_Worker]) -> CacheStats:

@@ -64,17 +64,26 @@ class Probe:
     Attributes:
         rate: Offered request rate (req/s).
         verdict: How the run fared against the SLO.
-        values: The kept results keys (``KEPT_KEYS``).
+        values: The kept results keys (``KEPT_KEYS``); of the requests finished so far when
+            the run stopped early.
+        stopped_early: The run ended once it could no longer meet the SLO.
     """
 
     rate: float
     verdict: SLOVerdict
     values: dict[str, float]
+    stopped_early: bool = False
 
 
 def probe(context: ExperimentContext, candidate: Candidate, workload: Workload, slo: SLO, rate: float) -> Probe:
-    """Serve ``workload`` at ``rate`` with ``candidate`` and judge it against ``slo``."""
-    metrics: RunMetrics = simulate(
+    """Serve ``workload`` at ``rate`` with ``candidate`` and judge it against ``slo``.
+
+    The simulation stops as soon as more requests have missed the per-request targets than
+    the SLO allows (:meth:`SLO.max_misses`): the verdict is then already "fails", and an
+    overloaded run, whose queue only grows, is the costliest to simulate to its end.
+    """
+    allowed = slo.max_misses(len(workload))
+    result = simulate(
         workload.scaled_to_rate(rate),
         context.load(candidate.policy, **candidate.overrides()),
         context.deployment,
@@ -82,9 +91,21 @@ def probe(context: ExperimentContext, candidate: Candidate, workload: Workload, 
         disaggregation=candidate.layout.disaggregation(),
         ttft_slo_s=slo.ttft_s,
         tpot_slo_s=slo.tpot_s,
-    ).metrics
+        stop_after_missed=allowed,
+    )
+    metrics: RunMetrics = result.metrics
     values = {key: float(metrics.values[key]) for key in KEPT_KEYS}
+    if result.stopped_early:
+        return Probe(rate, _stopped_verdict(metrics.values, len(workload)), values, stopped_early=True)
     return Probe(rate, slo.judge(metrics.values), values)
+
+
+def _stopped_verdict(values: dict[str, float], total: int) -> SLOVerdict:
+    """A run stopped past its allowed misses: it fails, and attains at most the requests not yet missed."""
+    completed, failed = int(values["completed"]), int(values.get("failed", 0))
+    good = round(values["request_goodput"] / values["request_throughput"] * completed) if completed else 0
+    missed = completed - good + failed
+    return SLOVerdict((total - missed) / total, meets=False)
 
 
 def find_capacity(
