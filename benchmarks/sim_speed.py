@@ -7,7 +7,10 @@ weights holds about 25K tokens, so queues build up and requests are preempted):
   1 request/s, under ``vllm``;
 - ``sarathi-1k`` / ``sarathi-10k``: the same under ``sarathi`` (512-token chunks and budget);
 - ``azure-conv``: the Azure LLM inference conversation trace (19,366 requests over 58 minutes)
-  at its own rate, under ``vllm``.
+  at its own rate, under ``vllm``;
+- ``azure-conv-pd``: its first 4,000 requests on a disaggregated deployment, two prefill and two
+  decode workers (each as above) joined by a 50 GB/s link, under ``vllm``: decode runs there
+  end where KV could next land, so this case shows how well fast-forward does across pools.
 
 The table gives CPU seconds (``time.process_time``, so other processes on the machine cost
 less than in wall time), milliseconds of CPU per simulated request, steps taken and how many
@@ -41,7 +44,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from phasesched import load_policy
-from phasesched.sim import Deployment, Poisson, Workload, load_trace, simulate, synthetic
+from phasesched.sim import Deployment, Disaggregation, Poisson, Workload, load_trace, simulate, synthetic
 
 REPO = Path(__file__).resolve().parents[1]
 TRACE_CANDIDATES = (
@@ -65,13 +68,21 @@ def azure(trace: Path | None) -> Workload:
     return load_trace(trace)
 
 
+def azure_head(n: int) -> Callable[[Path | None], Workload]:
+    """The Azure conversation trace's first ``n`` requests."""
+    return lambda trace: azure(trace).head(n)
+
+
 CASES: dict[str, tuple[str, Callable[[Path | None], Workload]]] = {
     "poisson-1k": ("vllm", poisson(1_000)),
     "poisson-10k": ("vllm", poisson(10_000)),
     "sarathi-1k": ("sarathi", poisson(1_000)),
     "sarathi-10k": ("sarathi", poisson(10_000)),
     "azure-conv": ("vllm", azure),
+    "azure-conv-pd": ("vllm", azure_head(4_000)),
 }
+OPTIONS: dict[str, dict[str, object]] = {"azure-conv-pd": {"disaggregation": Disaggregation(2, 2)}}
+"""Per case, what else :func:`simulate` is given."""
 
 
 def run_case(name: str, policy: str, workload: Workload, *, profile: bool, top: int) -> dict[str, object]:
@@ -80,7 +91,7 @@ def run_case(name: str, policy: str, workload: Workload, *, profile: bool, top: 
     cpu, wall = time.process_time(), time.perf_counter()
     if profiler is not None:
         profiler.enable()
-    result = simulate(workload, load_policy(policy), DEPLOYMENT)
+    result = simulate(workload, load_policy(policy), DEPLOYMENT, **OPTIONS.get(name, {}))
     if profiler is not None:
         profiler.disable()
     cpu, wall = time.process_time() - cpu, time.perf_counter() - wall
