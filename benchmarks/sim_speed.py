@@ -8,8 +8,9 @@ weights holds about 25K tokens, so queues build up and requests are preempted):
 - ``sarathi-1k`` / ``sarathi-10k``: the same under ``sarathi`` (512-token chunks and budget);
 - ``azure-conv``: the Azure LLM inference conversation trace (19,366 requests over 58 minutes)
   at its own rate, under ``vllm``;
-- ``azure-conv-pd``: its first 4,000 requests on a disaggregated deployment, two prefill and two
-  decode workers (each as above) joined by a 50 GB/s link, under ``vllm``: decode runs there
+- ``azure-conv-pd``: its first 4,000 requests, replayed at 2 requests/s (a load the pools
+  sustain: its own rate overloads them), on a disaggregated deployment: two prefill and two
+  decode workers (each as above) joined by a 50 GB/s link, under ``vllm``. Decode runs there
   end where KV could next land, so this case shows how well fast-forward does across pools.
 
 The table gives CPU seconds (``time.process_time``, so other processes on the machine cost
@@ -68,9 +69,9 @@ def azure(trace: Path | None) -> Workload:
     return load_trace(trace)
 
 
-def azure_head(n: int) -> Callable[[Path | None], Workload]:
-    """The Azure conversation trace's first ``n`` requests."""
-    return lambda trace: azure(trace).head(n)
+def azure_head(n: int, rate: float) -> Callable[[Path | None], Workload]:
+    """The Azure conversation trace's first ``n`` requests at ``rate`` requests/s."""
+    return lambda trace: azure(trace).head(n).scaled_to_rate(rate)
 
 
 CASES: dict[str, tuple[str, Callable[[Path | None], Workload]]] = {
@@ -79,7 +80,7 @@ CASES: dict[str, tuple[str, Callable[[Path | None], Workload]]] = {
     "sarathi-1k": ("sarathi", poisson(1_000)),
     "sarathi-10k": ("sarathi", poisson(10_000)),
     "azure-conv": ("vllm", azure),
-    "azure-conv-pd": ("vllm", azure_head(4_000)),
+    "azure-conv-pd": ("vllm", azure_head(4_000, 2.0)),
 }
 OPTIONS: dict[str, dict[str, object]] = {"azure-conv-pd": {"disaggregation": Disaggregation(2, 2)}}
 """Per case, what else :func:`simulate` is given."""
