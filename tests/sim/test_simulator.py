@@ -442,6 +442,15 @@ def token_gaps(result: SimResult) -> list[tuple[float, float]]:
 @settings(deadline=None, max_examples=60, suppress_health_check=[HealthCheck.too_slow])
 def test_fast_forward_through_blocked_queues_gives_every_token_time_of_stepping(options: dict[str, object]) -> None:
     """Decode runs beside a queue that admits nobody (passing arrivals that join it) time tokens as stepping does."""
+    assert_times_of_stepping(options)
+
+
+def assert_times_of_stepping(options: dict[str, object]) -> tuple[SimResult, SimResult]:
+    """Simulate with and without fast-forward: the same steps, token times and request timelines.
+
+    Returns:
+        The fast-forwarded result and the stepped one, for further checks.
+    """
     fast = simulate(fast_forward=True, keep_requests=True, keep_gaps=True, **options)  # type: ignore[arg-type]
     slow = simulate(fast_forward=False, keep_requests=True, keep_gaps=True, **options)  # type: ignore[arg-type]
     assert fast.steps == slow.steps
@@ -450,6 +459,7 @@ def test_fast_forward_through_blocked_queues_gives_every_token_time_of_stepping(
     assert slow.metrics.requests is not None
     timelines = {r.request_id: (r.ttft_s, r.e2el_s, r.output_len) for r in slow.metrics.requests}
     assert {r.request_id: (r.ttft_s, r.e2el_s, r.output_len) for r in fast.metrics.requests} == timelines
+    return fast, slow
 
 
 @st.composite
@@ -564,14 +574,7 @@ def test_fast_forward_beside_another_decode_worker_gives_every_token_time_of_ste
     options: dict[str, object],
 ) -> None:
     """Decode runs that pass the other decode worker's step ends time every token as stepping does."""
-    fast = simulate(fast_forward=True, keep_requests=True, keep_gaps=True, **options)  # type: ignore[arg-type]
-    slow = simulate(fast_forward=False, keep_requests=True, keep_gaps=True, **options)  # type: ignore[arg-type]
-    assert fast.steps == slow.steps
-    assert token_gaps(fast) == token_gaps(slow)
-    assert fast.metrics.requests is not None
-    assert slow.metrics.requests is not None
-    timelines = {r.request_id: (r.ttft_s, r.e2el_s, r.output_len) for r in slow.metrics.requests}
-    assert {r.request_id: (r.ttft_s, r.e2el_s, r.output_len) for r in fast.metrics.requests} == timelines
+    fast, slow = assert_times_of_stepping(options)
     assert fast.metrics["failed"] == slow.metrics["failed"]
 
 

@@ -88,18 +88,18 @@ def check_positive_finite(name: str, value: float) -> None:
 
 def positive_int(name: str, value: int) -> int:
     """``value`` as an ``int``, after checking it is an integer ``>= 1``."""
-    value = _index(name, value)
-    if value < 1:
-        msg = f"{name} must be a positive integer, got {value}"
-        raise InvalidArgumentError(msg)
-    return value
+    return _int_at_least(name, value, 1, "a positive integer")
 
 
 def non_negative_int(name: str, value: int) -> int:
     """``value`` as an ``int``, after checking it is an integer ``>= 0``."""
+    return _int_at_least(name, value, 0, "a non-negative integer")
+
+
+def _int_at_least(name: str, value: int, low: int, what: str) -> int:
     value = _index(name, value)
-    if value < 0:
-        msg = f"{name} must be a non-negative integer, got {value}"
+    if value < low:
+        msg = f"{name} must be {what}, got {value}"
         raise InvalidArgumentError(msg)
     return value
 
