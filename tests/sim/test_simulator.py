@@ -395,9 +395,12 @@ def test_stop_after_missed_stops_exactly_when_the_whole_run_misses_more(
 ) -> None:
     """A run stops early exactly when the whole run ends with more misses than allowed; else it is the whole run."""
     slo = {"ttft_slo_s": ttft_s, "tpot_slo_s": 0.03}
-    whole = Simulator(**options, **slo)  # type: ignore[arg-type]
+    whole = Simulator(**options, **slo, keep_requests=True)  # type: ignore[arg-type]
     whole_result = whole.run()
-    part = Simulator(**options, **slo, stop_after_missed=limit)  # type: ignore[arg-type]
+    assert whole_result.metrics.requests is not None
+    late = [r for r in whole_result.metrics.requests if not (r.ttft_s <= ttft_s and not r.tpot_s > 0.03)]
+    assert whole.recorder.missed == len(late) + whole_result.metrics["failed"]
+    part = Simulator(**options, **slo, keep_requests=True, stop_after_missed=limit)  # type: ignore[arg-type]
     part_result = part.run()
     assert part_result.stopped_early == (whole.recorder.missed > limit)
     if part_result.stopped_early:
@@ -405,6 +408,19 @@ def test_stop_after_missed_stops_exactly_when_the_whole_run_misses_more(
         assert part.recorder.completed <= whole.recorder.completed
     else:
         assert _same(part_result.metrics.values, whole_result.metrics.values)
+
+
+def test_a_late_first_token_counts_as_missed_before_its_request_finishes() -> None:
+    """A first token past the TTFT target is a certain miss: the run stops there, not at the finish."""
+    simulator = Simulator(fixed(2, 512, 1000), load_policy("vllm"), ttft_slo_s=1e-6, stop_after_missed=0)
+    result = simulator.run()
+    assert result.stopped_early
+    assert result.metrics["completed"] == 0
+    assert simulator.recorder.missed == 2  # both prompts prefilled in the first step
+    whole = Simulator(fixed(2, 512, 1000), load_policy("vllm"), ttft_slo_s=1e-6)
+    whole.run()
+    assert whole.recorder.missed == 2
+    assert whole.recorder.completed == 2
 
 
 def _same(a: dict[str, float], b: dict[str, float]) -> bool:

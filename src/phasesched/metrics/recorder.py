@@ -151,6 +151,8 @@ class _Timeline:
     """Tokens it asked for (``max_new_tokens``)."""
     scheduled: bool = False
     first_token: float = float("nan")
+    late: bool = False
+    """Its first token came after its TTFT target: it misses the goodput targets, finished or not."""
     tokens: int = 0
     preemptions: int = 0
     phases: dict[str, float] = attrs.field(factory=lambda: dict.fromkeys(BUDGET_PHASES, 0.0))
@@ -195,6 +197,8 @@ class MetricsRecorder:
         self.errors: list[str] = []
         self._live: dict[str, _Timeline] = {}
         self._slos: dict[str, tuple[float | None, float | None]] = {}
+        self._late = 0
+        """Live requests whose first token missed their TTFT target."""
 
     def worker(self, role: Role = Role.BOTH) -> WorkerRecorder:
         """A recorder for one worker's steps, feeding this one."""
@@ -215,7 +219,8 @@ class MetricsRecorder:
         token total, so one unservable request does not end or skew the run. ``error`` is kept
         among the first :data:`MAX_ERRORS` messages.
         """
-        self._live.pop(request_id, None)
+        timeline = self._live.pop(request_id, None)
+        self._late -= timeline is not None and timeline.late
         self._slos.pop(request_id, None)
         self.failed += 1
         if len(self.errors) < MAX_ERRORS:
@@ -223,8 +228,20 @@ class MetricsRecorder:
 
     @property
     def missed(self) -> int:
-        """Requests that finished short of the goodput targets, or failed: final, whatever the run does next."""
-        return self.completed - self.good + self.failed
+        """Requests certain to miss the goodput targets, whatever the run does next.
+
+        Those that finished short of them or failed, and those still running whose first
+        token came too late.
+        """
+        return self.completed - self.good + self.failed + self._late
+
+    def _first_token(self, timeline: _Timeline, end: float) -> None:
+        """The request's first token came at ``end``: note it if it missed the TTFT target."""
+        timeline.first_token = end
+        ttft_slo = self._slos.get(timeline.request_id, (self.ttft_slo_s, None))[0]
+        if ttft_slo is not None and not timeline.late and not end - timeline.arrival <= ttft_slo:
+            timeline.late = True
+            self._late += 1
 
     def transferred(self, request_id: str, end: float) -> None:
         """The request's KV reached its decode worker at ``end``."""
@@ -281,6 +298,7 @@ class MetricsRecorder:
     def _finish(self, timeline: _Timeline, end: float, reason: FinishReason) -> None:
         """Fold a finished request into the totals; stopped by length short of its ask, the context cut it."""
         del self._live[timeline.request_id]
+        self._late -= timeline.late
         if reason is FinishReason.LENGTH and timeline.tokens < timeline.requested:
             self.truncated += 1
             self.truncated_tokens += timeline.requested - timeline.tokens
@@ -435,7 +453,7 @@ class WorkerRecorder:
             self._first_token(slot, timeline, end)
 
     def _first_token(self, slot: int, timeline: _Timeline, end: float) -> None:
-        timeline.first_token = end
+        self.parent._first_token(timeline, end)  # noqa: SLF001 -- one recorder family
         self._has_first[slot] = True
         self._last_token[slot] = end
         self._tokens[slot] = 1

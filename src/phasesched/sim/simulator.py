@@ -192,8 +192,9 @@ class Simulator:
             chunks, in one computation.
         max_decode_run: Longest run taken at once.
         progress: Called with ``(completed, total)`` as requests finish.
-        stop_after_missed: End the run as soon as more requests than this have missed the
-            goodput targets or failed. A capacity search only asks whether a run attains its
+        stop_after_missed: End the run as soon as more requests than this are certain to miss
+            the goodput targets (finished short of them, failed, or given their first token
+            past the TTFT target). A capacity search only asks whether a run attains its
             SLO, and past that many misses nothing the run does later can make it; overloaded
             runs, the slowest to simulate, stop long before their queues drain.
 

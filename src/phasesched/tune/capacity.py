@@ -95,17 +95,11 @@ def probe(context: ExperimentContext, candidate: Candidate, workload: Workload, 
     )
     metrics: RunMetrics = result.metrics
     values = {key: float(metrics.values[key]) for key in KEPT_KEYS}
-    if result.stopped_early:
-        return Probe(rate, _stopped_verdict(metrics.values, len(workload)), values, stopped_early=True)
+    if result.stopped_early:  # more than ``allowed`` missed: it attains less than the rest
+        assert allowed is not None
+        bound = (len(workload) - allowed - 1) / len(workload)
+        return Probe(rate, SLOVerdict(bound, meets=False), values, stopped_early=True)
     return Probe(rate, slo.judge(metrics.values), values)
-
-
-def _stopped_verdict(values: dict[str, float], total: int) -> SLOVerdict:
-    """A run stopped past its allowed misses: it fails, and attains at most the requests not yet missed."""
-    completed, failed = int(values["completed"]), int(values.get("failed", 0))
-    good = round(values["request_goodput"] / values["request_throughput"] * completed) if completed else 0
-    missed = completed - good + failed
-    return SLOVerdict((total - missed) / total, meets=False)
 
 
 def find_capacity(
