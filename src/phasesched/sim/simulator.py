@@ -34,7 +34,6 @@ from __future__ import annotations
 import enum
 import heapq
 import itertools
-import math
 import time
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
@@ -272,7 +271,7 @@ class Simulator:
         wall = time.perf_counter()
         self._issue_initial()
         watchdog = Watchdog()
-        limit = math.inf if self.stop_after_missed is None else self.stop_after_missed
+        limit = self.stop_after_missed
         while self._heap:
             now = self._heap[0][0]
             check_clock(now)
@@ -281,7 +280,7 @@ class Simulator:
                 _, _, kind, payload = heapq.heappop(self._heap)
                 self._handle(kind, payload, now, touched)
                 watchdog.event(now, self._progress)
-            if self.recorder.missed > limit:
+            if limit is not None and self.recorder.missed > limit:
                 return self._result(time.perf_counter() - wall, stopped_early=True)
             self._start_all(touched.values(), now)
         left = self._issued - self.recorder.completed - self.recorder.failed
