@@ -10,7 +10,7 @@ server sees them, and bounds how long any request waits for its first token comp
 from __future__ import annotations
 
 import numpy as np
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from phasesched import (
@@ -25,8 +25,12 @@ from phasesched import (
 from phasesched.policies import CacheAwareAging, FixedChunk, TokenBudget
 
 STEPS = 400
-MAX_WAIT_STEPS = 60
-"""Bound on the steps between arrival and first scheduling; a starved request waits for the whole run."""
+MAX_WAIT_STEPS = 120
+"""Bound on the steps between arrival and first scheduling; a starved request waits for the whole run.
+
+Most runs stay under 40. ``sglang`` on 40 pages reserves KV for its running requests' remaining
+tokens, so it runs fewer at once and its queue's tail is longer: up to 69 steps over 2,001 seeds,
+73 on seed 986. A starved request would wait out the 400 steps of arrivals."""
 
 
 def waits(policy_name: str, num_pages: int, seed: int) -> tuple[dict[str, int], list[str], int]:
@@ -64,6 +68,7 @@ def waits(policy_name: str, num_pages: int, seed: int) -> tuple[dict[str, int], 
     num_pages=st.sampled_from([40, 4096]),  # tight KV preempts; ample KV never does
     seed=st.integers(0, 10_000),
 )
+@example(policy_name="sglang", num_pages=40, seed=986)  # the longest wait seen
 def test_fcfs_serves_everyone_within_a_bounded_wait(policy_name: str, num_pages: int, seed: int) -> None:
     """With FCFS order and load well under capacity, no request waits more than a bounded number of steps."""
     waited, _, _ = waits(policy_name, num_pages, seed)
