@@ -239,7 +239,7 @@ class MetricsRecorder:
         """The request's first token came at ``end``: note it if it missed the TTFT target."""
         timeline.first_token = end
         ttft_slo = self._slos.get(timeline.request_id, (self.ttft_slo_s, None))[0]
-        if ttft_slo is not None and not timeline.late and not end - timeline.arrival <= ttft_slo:
+        if not timeline.late and not _meets_ttft(end - timeline.arrival, ttft_slo):
             timeline.late = True
             self._late += 1
 
@@ -334,9 +334,14 @@ class MetricsRecorder:
 
     def _meets_slo(self, request_id: str, ttft: float, tpot: float) -> bool:
         ttft_slo, tpot_slo = self._slos.pop(request_id, (self.ttft_slo_s, self.tpot_slo_s))
-        ok_ttft = ttft_slo is None or ttft <= ttft_slo
+        ok_ttft = _meets_ttft(ttft, ttft_slo)
         ok_tpot = tpot_slo is None or not tpot > tpot_slo  # a single-token request has no TPOT
         return ok_ttft and ok_tpot
+
+
+def _meets_ttft(ttft: float, target: float | None) -> bool:
+    """One test for goodput at the finish and for a late first token before it (they must agree)."""
+    return target is None or ttft <= target
 
 
 class WorkerRecorder:
