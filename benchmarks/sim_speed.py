@@ -1,6 +1,6 @@
 """Simulation speed: CPU time per simulated request on the workloads Vidur is compared on.
 
-Every case runs on one worker of Llama-3-70B over 2 x A100-80GB (TP 2; the KV left beside the
+Every case runs on workers of Llama-3-70B over 2 x A100-80GB (TP 2; the KV left beside the
 weights holds about 25K tokens, so queues build up and requests are preempted):
 
 - ``poisson-1k`` / ``poisson-10k``: 1,024-token prompts and 256 output tokens, Poisson at
@@ -12,6 +12,8 @@ weights holds about 25K tokens, so queues build up and requests are preempted):
   sustain: its own rate overloads them), on a disaggregated deployment: two prefill and two
   decode workers (each as above) joined by a 50 GB/s link, under ``vllm``. Decode runs there
   end where KV could next land, so this case shows how well fast-forward does across pools.
+- ``azure-conv-8r``: its first 8,000 requests at 4 requests/s on eight aggregated replicas
+  (each as above), under ``vllm``: an arrival cuts only the run of the replica it is routed to.
 
 The table gives CPU seconds (``time.process_time``, so other processes on the machine cost
 less than in wall time), milliseconds of CPU per simulated request, steps taken and how many
@@ -81,8 +83,12 @@ CASES: dict[str, tuple[str, Callable[[Path | None], Workload]]] = {
     "sarathi-10k": ("sarathi", poisson(10_000)),
     "azure-conv": ("vllm", azure),
     "azure-conv-pd": ("vllm", azure_head(4_000, 2.0)),
+    "azure-conv-8r": ("vllm", azure_head(8_000, 4.0)),
 }
-OPTIONS: dict[str, dict[str, object]] = {"azure-conv-pd": {"disaggregation": Disaggregation(2, 2)}}
+OPTIONS: dict[str, dict[str, object]] = {
+    "azure-conv-pd": {"disaggregation": Disaggregation(2, 2)},
+    "azure-conv-8r": {"replicas": 8},
+}
 """Per case, what else :func:`simulate` is given."""
 
 

@@ -273,6 +273,22 @@ class TestRouting:
         third = next(r for r in result.metrics.requests if r.request_id == "r2")
         assert third.budget.queue_s < 0.05
 
+    def test_the_router_sees_the_pages_a_run_has_taken_by_the_arrival(self) -> None:
+        """A replica mid-run has room only for what its steps so far left free, not what it had when the run began.
+
+        r0's run on replica 0 starts with room for r2 (87 pages free, r2 needs 60), but when r2
+        arrives, ~670 decode steps later, r0's growth has taken 42 of them.
+        """
+        deployment = Deployment(num_pages=200, max_model_len=8192)
+        workload = Workload("w", arrival_s=[0.0, 0.001, 3.0], prompt_len=[1800, 16, 960], output_len=[1000, 1000, 4])
+        fast, _ = assert_times_of_stepping(
+            {"workload": workload, "policy": load_policy("vllm"), "deployment": deployment, "replicas": 2}
+        )
+        assert fast.metrics.requests is not None
+        third = next(r for r in fast.metrics.requests if r.request_id == "r2")
+        assert third.ttft_s < 0.05  # on replica 1, at once: not queued behind r0 on replica 0
+        assert fast.workers[0].runs == 1  # replica 0's run passed r2's arrival
+
 
 class TestSimulator:
     def test_deterministic(self) -> None:
@@ -590,6 +606,54 @@ def test_fast_forward_beside_another_decode_worker_gives_every_token_time_of_ste
     options: dict[str, object],
 ) -> None:
     """Decode runs that pass the other decode worker's step ends time every token as stepping does."""
+    fast, slow = assert_times_of_stepping(options)
+    assert fast.metrics["failed"] == slow.metrics["failed"]
+
+
+def test_replicas_take_long_runs_beside_each_other() -> None:
+    """An arrival cuts only the run of the replica it is routed to, not every replica's."""
+    result = simulate(fixed(40, prompt_len=256, output_len=400, rate=100.0), load_policy("vllm"), replicas=4)
+    assert all(w.steps > 400 for w in result.workers)
+    # Each replica's runs end where one of its own 10 requests arrives or finishes (all 40 arrivals: 46+ runs).
+    assert all(w.runs <= 25 for w in result.workers), [(w.steps, w.runs) for w in result.workers]
+
+
+@st.composite
+def replica_scenarios(draw: st.DrawFn) -> dict[str, object]:
+    """Aggregated replicas in an open loop whose KV fills, so the router's choice turns on pages taken mid-run."""
+    n = draw(st.integers(4, 40))
+    workload = synthetic(
+        n,
+        Gamma(rate=draw(st.sampled_from([5.0, 50.0, 500.0])), cv=2.0),
+        Uniform(1, draw(st.sampled_from([300, 1500]))),
+        Uniform(1, draw(st.sampled_from([40, 200, 600]))),
+        seed=draw(st.integers(0, 1000)),
+    )
+    options = PolicyOptions(
+        max_model_len=4096,
+        max_num_seqs=draw(st.sampled_from([None, 2, 4])),
+        chunk_size=draw(st.sampled_from([None, 64])),
+        enable_prefix_caching=draw(st.booleans()),
+    )
+    name = draw(st.sampled_from(["vllm", "sarathi", "sglang", "orca", "trtllm-equal-progress", "vllm-priority"]))
+    return {
+        "workload": workload,
+        "policy": load_policy(name, options),
+        "deployment": Deployment(
+            num_pages=draw(st.sampled_from([130, 200, 260, 5000])),
+            max_model_len=4096,
+            watermark=draw(st.sampled_from([0.0, 0.05])),
+        ),
+        "replicas": draw(st.integers(2, 5)),
+    }
+
+
+@given(replica_scenarios())
+@settings(deadline=None, max_examples=50, suppress_health_check=[HealthCheck.too_slow])
+def test_fast_forward_past_arrivals_routed_elsewhere_gives_every_token_time_of_stepping(
+    options: dict[str, object],
+) -> None:
+    """Runs that pass arrivals routed elsewhere, and are cut by those routed to theirs, time tokens as stepping does."""
     fast, slow = assert_times_of_stepping(options)
     assert fast.metrics["failed"] == slow.metrics["failed"]
 

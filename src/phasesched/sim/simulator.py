@@ -26,7 +26,10 @@ Between events, a worker whose batch is all decodes takes identical steps; with
 vectorized computation (:meth:`phasesched.scheduler.Scheduler.decode_run`), with exactly the times that
 stepping one by one would give. Likewise, a decode-first batch with prompts part-way through a
 chunked prefill takes the steps up to the next prefill's completion at once
-(:meth:`phasesched.scheduler.Scheduler.chunk_run`), each priced as its plan would be.
+(:meth:`phasesched.scheduler.Scheduler.chunk_run`), each priced as its plan would be. With several
+aggregated replicas in an open loop, an arrival changes only the replica it is routed to: runs
+pass arrivals, the router reads a replica mid-run as stepping would have left it, and the
+replica an arrival lands on commits only the run's steps that began before it.
 """
 
 from __future__ import annotations
@@ -46,6 +49,7 @@ from phasesched.costmodel.protocol import CostModel, decode_step_times
 from phasesched.decode_run import DecodeRun
 from phasesched.errors import RequestRejectedError
 from phasesched.executor import StepResult
+from phasesched.kv import KVView
 from phasesched.metrics.recorder import MetricsRecorder, Role, WorkerRecorder
 from phasesched.metrics.summary import RunMetrics, summarize
 from phasesched.pd.routing import WorkerLoad, pick_worker
@@ -133,6 +137,26 @@ class SimResult:
 
 
 @attrs.define(eq=False)
+class _OpenRun:
+    """A run taken but not yet committed to its worker's scheduler: an arrival routed there may still cut it."""
+
+    run: DecodeRun | ChunkRun
+    start: float
+    ends: np.ndarray
+    """float64: its steps' end times."""
+    event: int
+    """The sequence number of its end event, cancelled if an arrival cuts the run."""
+
+    def pages_added(self, kv: KVView, now: float) -> int:
+        """KV pages the run's steps begun by ``now`` have added (a step's pages are allocated as it is planned)."""
+        steps = _run_length(self.ends, now)
+        run = self.run
+        if isinstance(run, ChunkRun):
+            return int(run.growth[steps - 1])
+        return int(kv.pages_to_grow(run.slots, run.kv_len - 1 + steps).sum())
+
+
+@attrs.define(eq=False)
 class _Worker:
     index: int
     role: Role
@@ -153,6 +177,8 @@ class _Worker:
     """Their KV pages: freed ahead of the run's end, still counted as held."""
     leaving: list[str] = attrs.Factory(list)
     """Requests a run in flight on a prefill worker has completed ahead of its end: sent on at its end."""
+    open_run: _OpenRun | None = None
+    """A run in flight whose steps are committed when it ends or an arrival routed here cuts it."""
 
     @property
     def load(self) -> int:
@@ -164,10 +190,15 @@ class _Worker:
         """Free KV pages, as stepping one by one would see them."""
         return self.scheduler.kv.num_free_pages - self.finishing_pages
 
-    def routing_load(self) -> WorkerLoad:
-        """What the router sees of this worker (requests already waiting count as load, not as pages)."""
+    def routing_load(self, now: float) -> WorkerLoad:
+        """What the router sees of this worker at ``now`` (requests already waiting count as load, not as pages).
+
+        Mid-run, that is the pages the run's steps begun by then have taken: only its last step
+        finishes requests, so its load holds until it ends.
+        """
         kv = self.scheduler.kv
-        return WorkerLoad(self.index, self.load, self.free_pages, kv.watermark_pages, kv.page_size)
+        free = self.free_pages - (0 if self.open_run is None else self.open_run.pages_added(kv, now))
+        return WorkerLoad(self.index, self.load, free, kv.watermark_pages, kv.page_size)
 
     @property
     def cost(self) -> CostModel:
@@ -254,6 +285,12 @@ class Simulator:
         self._arrivals_queue_behind = self.closed_loop is None and self.link is None and len(self.workers) == 1
         """Every arrival lands on the one worker, later than anything it has queued (an open loop
         arrives in time order), so a run whose queue admits nobody arriving later may pass arrivals."""
+        self._routed_cuts = self.closed_loop is None and self.link is None and len(self.workers) > 1
+        """Replicas share nothing but the router, so an arrival can change only the batch of the one
+        it is routed to: runs start past arrivals and are cut when one lands on their worker."""
+        self._next_arrival = float("inf")
+        self._cancelled: set[int] = set()
+        """Sequence numbers of run-end events that a cut moved earlier."""
         self._issued = 0
         self._first_arrival: float | None = None
         self._last_finish = 0.0
@@ -277,7 +314,10 @@ class Simulator:
             check_clock(now)
             touched: dict[int, _Worker] = {}
             while self._heap and self._heap[0][0] == now:
-                _, _, kind, payload = heapq.heappop(self._heap)
+                _, sequence, kind, payload = heapq.heappop(self._heap)
+                if sequence in self._cancelled:
+                    self._cancelled.remove(sequence)
+                    continue
                 self._handle(kind, payload, now, touched)
                 watchdog.event(now, self._progress)
             if limit is not None and self.recorder.missed > limit:
@@ -333,8 +373,12 @@ class Simulator:
                     self._start_step(worker, now)
         priced = []
         for worker, run in runs:
-            horizon = self._horizon(worker, ignore_arrivals=run.ignores_later_arrivals and self._arrivals_queue_behind)
-            ends = self._step_ends(worker, run, now, horizon)
+            if self._routed_cuts:  # only an arrival routed here changes the batch: price a few arrivals ahead
+                horizon, pricing = float("inf"), now + len(self.workers) * (self._next_arrival - now)
+            else:
+                passes = run.ignores_later_arrivals and self._arrivals_queue_behind
+                horizon = pricing = self._horizon(worker, ignore_arrivals=passes)
+            ends = self._step_ends(worker, run, now, pricing)
             priced.append((worker, run, horizon, ends, float(ends[_run_length(ends, horizon) - 1])))
         for worker, run, horizon, ends, _ in priced:
             others = [end for other, _, _, _, end in priced if self._affects(worker, _Event.STEP_END, other)]
@@ -364,26 +408,48 @@ class Simulator:
 
     def _take_run(self, worker: _Worker, run: DecodeRun | ChunkRun, now: float, ends: np.ndarray, count: int) -> None:
         """Take the first ``count`` steps of ``run``, which end at ``ends``."""
-        kv = worker.scheduler.kv
+        ends = ends[:count]
+        worker.busy, worker.plan = True, None
+        event = self._push(float(ends[-1]), _Event.STEP_END, worker)  # finishes are reported then, as stepping would
+        if self._routed_cuts:  # committed when it ends, or when an arrival routed here cuts it
+            worker.open_run = _OpenRun(run, now, ends, event)
+        else:
+            self._commit(worker, run, now, ends)
+
+    def _cut(self, worker: _Worker, now: float) -> None:
+        """Commit the steps of ``worker``'s open run begun by ``now``, when an arrival lands there: the run ends there.
+
+        A run whose queue admits nobody arriving later is cut too: committed whole, it would show
+        the router the pages its later steps take before they are taken.
+        """
+        open_run, worker.open_run = worker.open_run, None
+        assert open_run is not None
+        ends = open_run.ends[: _run_length(open_run.ends, now)]
+        if len(ends) < len(open_run.ends):
+            self._cancelled.add(open_run.event)
+            self._push(float(ends[-1]), _Event.STEP_END, worker)
+        self._commit(worker, open_run.run, open_run.start, ends)
+
+    def _commit(self, worker: _Worker, run: DecodeRun | ChunkRun, start: float, ends: np.ndarray) -> None:
+        """Apply the steps of ``run`` that end at ``ends`` to the worker's scheduler, recorder and counters."""
+        kv, count = worker.scheduler.kv, len(ends)
         if isinstance(run, ChunkRun):
             unfreed = kv.num_free_pages - int(run.growth[count - 1])
             finished = worker.scheduler.advance_chunks(run, count)
-            left = worker.recorder.on_chunk_run(run, now, ends[:count], finished)
+            left = worker.recorder.on_chunk_run(run, start, ends, finished)
         else:
             unfreed = kv.num_free_pages - int(kv.pages_to_grow(run.slots, run.kv_len - 1 + count).sum())
             finished = worker.scheduler.advance(run, count)
-            left = worker.recorder.on_decode_run(run, now, ends[:count], finished)
+            left = worker.recorder.on_decode_run(run, start, ends, finished)
         self._progress += 1
-        end = float(ends[count - 1])
-        worker.busy, worker.plan, worker.finishing = True, None, len(left)
+        worker.finishing = len(left)
         if worker.role is Role.PREFILL:
             worker.leaving = left  # their KV is sent when the step that completed them ends
         worker.finishing_pages = kv.num_free_pages - unfreed  # freed early by the finishes
         worker.steps += count
         worker.fast_forwarded += count
         worker.runs += 1
-        worker.busy_s += end - now
-        self._push(end, _Event.STEP_END, worker)  # its finishes are reported then, as stepping would
+        worker.busy_s += float(ends[-1]) - start
 
     def _step_ends(self, worker: _Worker, run: DecodeRun | ChunkRun, now: float, horizon: float) -> np.ndarray:
         """End times of the run's steps, priced in growing batches until one ends past ``horizon``."""
@@ -410,6 +476,9 @@ class Simulator:
         return np.array(ends, dtype=np.float64)
 
     def _step_end(self, worker: _Worker, now: float) -> None:
+        if worker.open_run is not None:
+            open_run, worker.open_run = worker.open_run, None
+            self._commit(worker, open_run.run, open_run.start, open_run.ends)
         finished_in_run, worker.busy, worker.finishing, worker.finishing_pages = worker.finishing, False, 0, 0
         if worker.plan is None:  # a run: recorded when it started; its finishes count now
             if worker.role is Role.PREFILL:
@@ -441,6 +510,7 @@ class Simulator:
 
     def _push_next_arrival(self) -> None:
         request = next(self._requests, None)
+        self._next_arrival = float("inf") if request is None else request.arrival_time
         if request is not None:
             self._issued += 1
             self._push(request.arrival_time, _Event.ARRIVAL, request)
@@ -457,7 +527,9 @@ class Simulator:
             self._first_arrival = now
         self._progress += 1
         role = Role.PREFILL if self.link is not None else Role.BOTH
-        worker = self._least_loaded(role, request.prompt_len)
+        worker = self._least_loaded(role, request.prompt_len, now)
+        if worker.open_run is not None:
+            self._cut(worker, now)
         prefill_only = attrs.evolve(request, max_new_tokens=1) if role is Role.PREFILL else request
         try:
             worker.scheduler.add_request(prefill_only)  # first: a rejected request leaves no trace
@@ -487,14 +559,14 @@ class Simulator:
             for _ in range(count):
                 self._issue_closed_loop(now + self.closed_loop.think_time_s)
 
-    def _least_loaded(self, role: Role, num_tokens: int) -> _Worker:
+    def _least_loaded(self, role: Role, num_tokens: int, now: float) -> _Worker:
         """The worker of ``role`` for a request needing ``num_tokens`` of KV.
 
         One that can admit it now comes first (a worker whose KV is full would queue it however
         few requests it runs), then the fewest requests. Where every worker has room, as with
         ample KV, that is plain least-loaded routing, so such runs route as they always did.
         """
-        index = pick_worker((w.routing_load() for w in self.workers if w.role is role), num_tokens)
+        index = pick_worker((w.routing_load(now) for w in self.workers if w.role is role), num_tokens)
         return self.workers[index]
 
     # ---------------------------------------------------------------- the KV link
@@ -543,7 +615,7 @@ class Simulator:
         request = self._awaiting_decode.pop(request_id)
         self._progress += 1
         self.recorder.transferred(request_id, now)
-        worker = self._least_loaded(Role.DECODE, request.prompt_len)
+        worker = self._least_loaded(Role.DECODE, request.prompt_len, now)
         try:
             worker.scheduler.add_request(request, precomputed_tokens=request.prompt_len - 1)
         except RequestRejectedError as error:  # too long with its output, say: the prefill was wasted
@@ -553,8 +625,11 @@ class Simulator:
         return worker
 
     # ---------------------------------------------------------------- plumbing
-    def _push(self, when: float, kind: _Event, payload: Any) -> None:
-        heapq.heappush(self._heap, (when, next(self._sequence), kind, payload))
+    def _push(self, when: float, kind: _Event, payload: Any) -> int:
+        """Queue an event; returns its sequence number."""
+        sequence = next(self._sequence)
+        heapq.heappush(self._heap, (when, sequence, kind, payload))
+        return sequence
 
     def _horizon(self, worker: _Worker, *, ignore_arrivals: bool = False) -> float:
         """The earliest pending event that could change ``worker``'s batch.
