@@ -10,8 +10,8 @@ weights holds about 25K tokens, so queues build up and requests are preempted):
   at its own rate, under ``vllm``;
 - ``azure-conv-pd``: its first 4,000 requests, replayed at 2 requests/s (a load the pools
   sustain: its own rate overloads them), on a disaggregated deployment: two prefill and two
-  decode workers (each as above) joined by a 50 GB/s link, under ``vllm``. Decode runs there
-  end where KV could next land, so this case shows how well fast-forward does across pools.
+  decode workers (each as above) joined by a 50 GB/s link, under ``vllm``. A decode worker's
+  runs there end where KV lands on it: this case shows how well fast-forward does across pools.
 - ``azure-conv-8r``: its first 8,000 requests at 4 requests/s on eight aggregated replicas
   (each as above), under ``vllm``: an arrival cuts only the run of the replica it is routed to.
 

@@ -26,14 +26,16 @@ Between events, a worker whose batch is all decodes takes identical steps; with
 vectorized computation (:meth:`phasesched.scheduler.Scheduler.decode_run`), with exactly the times that
 stepping one by one would give. Likewise, a decode-first batch with prompts part-way through a
 chunked prefill takes the steps up to the next prefill's completion at once
-(:meth:`phasesched.scheduler.Scheduler.chunk_run`), each priced as its plan would be. With several
-aggregated replicas in an open loop, an arrival changes only the replica it is routed to: runs
-pass arrivals, the router reads a replica mid-run as stepping would have left it, and the
-replica an arrival lands on commits only the run's steps that began before it.
+(:meth:`phasesched.scheduler.Scheduler.chunk_run`), each priced as its plan would be. In an open
+loop with several workers, a worker's batch changes only through what reaches it: a request
+routed to it (an arrival, or KV delivered to a decode worker) or held KV let go on it. Runs
+there pass every other event; the routers read a worker mid-run as stepping would have left it,
+and a worker something reaches commits only the steps of its run begun by then.
 """
 
 from __future__ import annotations
 
+import collections
 import enum
 import heapq
 import itertools
@@ -285,9 +287,11 @@ class Simulator:
         self._arrivals_queue_behind = self.closed_loop is None and self.link is None and len(self.workers) == 1
         """Every arrival lands on the one worker, later than anything it has queued (an open loop
         arrives in time order), so a run whose queue admits nobody arriving later may pass arrivals."""
-        self._routed_cuts = self.closed_loop is None and self.link is None and len(self.workers) > 1
-        """Replicas share nothing but the router, so an arrival can change only the batch of the one
-        it is routed to: runs start past arrivals and are cut when one lands on their worker."""
+        self._routed_cuts = self.closed_loop is None and len(self.workers) > 1
+        """An open loop's workers share nothing but the routers and the prefill workers' held KV: a
+        worker's batch changes only through a request routed to it or KV let go on it, so runs start
+        past every event and are cut when one of those reaches their worker (:meth:`_cut`)."""
+        self._peers = collections.Counter(worker.role for worker in self.workers)
         self._next_arrival = float("inf")
         self._cancelled: set[int] = set()
         """Sequence numbers of run-end events that a cut moved earlier."""
@@ -348,12 +352,9 @@ class Simulator:
                 touched[worker.index] = worker
 
     def _start_all(self, workers: Iterable[_Worker], now: float) -> None:
-        """Start every idle worker's next step or decode run at ``now``.
+        """Start every idle worker's next step or run at ``now``.
 
-        Plain steps start first, so their ends are in the heap when decode runs look for their
-        horizon. Decode runs starting at the same instant can also change each other's batches
-        (a finish in a closed loop issues a request anywhere): each is cut where the others'
-        would end on their own, which leaves the earliest one as it is and so is consistent.
+        Plain steps start first, so their ends are in the heap when runs look for their horizon.
         Prefill workers whose held KV a decode admission let go start theirs among the plain steps.
         """
         runs: list[tuple[_Worker, DecodeRun | ChunkRun]] = []
@@ -371,17 +372,28 @@ class Simulator:
             for worker in unheld.values():
                 if not worker.busy and worker.index not in with_runs:
                     self._start_step(worker, now)
+        self._take_runs(runs, now)
+
+    def _take_runs(self, runs: list[tuple[_Worker, DecodeRun | ChunkRun]], now: float) -> None:
+        """Price and take the runs starting at ``now``.
+
+        With routed cuts each is priced a few arrivals' worth ahead and left open. Otherwise each
+        ends at its horizon, and runs starting at the same instant can also change each other's
+        batches (a finish in a closed loop issues a request anywhere): each is cut where the
+        others' would end on their own, which leaves the earliest one as it is and so is consistent.
+        """
+        if self._routed_cuts:
+            for worker, run in runs:
+                ends = self._step_ends(worker, run, now, now + self._peers[worker.role] * (self._next_arrival - now))
+                self._take_run(worker, run, now, ends, len(ends))
+            return
         priced = []
         for worker, run in runs:
-            if self._routed_cuts:  # only an arrival routed here changes the batch: price a few arrivals ahead
-                horizon, pricing = float("inf"), now + len(self.workers) * (self._next_arrival - now)
-            else:
-                passes = run.ignores_later_arrivals and self._arrivals_queue_behind
-                horizon = pricing = self._horizon(worker, ignore_arrivals=passes)
-            ends = self._step_ends(worker, run, now, pricing)
+            horizon = self._horizon(worker, ignore_arrivals=run.ignores_later_arrivals and self._arrivals_queue_behind)
+            ends = self._step_ends(worker, run, now, horizon)
             priced.append((worker, run, horizon, ends, float(ends[_run_length(ends, horizon) - 1])))
         for worker, run, horizon, ends, _ in priced:
-            others = [end for other, _, _, _, end in priced if self._affects(worker, _Event.STEP_END, other)]
+            others = [end for other, _, _, _, end in priced if other is not worker]
             self._take_run(worker, run, now, ends, _run_length(ends, min([horizon, *others])))
 
     def _fast_run(self, worker: _Worker) -> DecodeRun | ChunkRun | None:
@@ -394,7 +406,7 @@ class Simulator:
         plan = worker.scheduler.schedule(now)
         if worker.role is Role.DECODE:
             for request in plan.new_requests:  # its KV now has pages here: the prefill worker lets go
-                self._let_go(request.request_id)
+                self._let_go(request.request_id, now)
         result = worker.executor.execute(plan)
         if plan.is_empty:
             worker.scheduler.update(plan, result)
@@ -411,16 +423,17 @@ class Simulator:
         ends = ends[:count]
         worker.busy, worker.plan = True, None
         event = self._push(float(ends[-1]), _Event.STEP_END, worker)  # finishes are reported then, as stepping would
-        if self._routed_cuts:  # committed when it ends, or when an arrival routed here cuts it
+        if self._routed_cuts:  # committed when it ends, or when something reaching its worker cuts it
             worker.open_run = _OpenRun(run, now, ends, event)
         else:
             self._commit(worker, run, now, ends)
 
     def _cut(self, worker: _Worker, now: float) -> None:
-        """Commit the steps of ``worker``'s open run begun by ``now``, when an arrival lands there: the run ends there.
+        """Commit the steps of ``worker``'s open run begun by ``now``, before a request or a KV release reaches it.
 
-        A run whose queue admits nobody arriving later is cut too: committed whole, it would show
-        the router the pages its later steps take before they are taken.
+        The run ends with them, even if what arrives could not change its later steps (a queue
+        that admits nobody arriving later): committed whole, it would show the routers the pages
+        those steps take before they are taken.
         """
         open_run, worker.open_run = worker.open_run, None
         assert open_run is not None
@@ -589,10 +602,12 @@ class Simulator:
         """
         self._held[request_id] = worker
 
-    def _let_go(self, request_id: str) -> None:
+    def _let_go(self, request_id: str, now: float) -> None:
         """Free the prefill worker's copy of a request's KV, and let that worker start a step."""
         worker = self._held.pop(request_id, None)  # a readmission after a preemption holds nothing
         if worker is not None:
+            if worker.open_run is not None:
+                self._cut(worker, now)
             worker.scheduler.release_kv(request_id)
             self._unheld[worker.index] = worker
 
@@ -616,10 +631,12 @@ class Simulator:
         self._progress += 1
         self.recorder.transferred(request_id, now)
         worker = self._least_loaded(Role.DECODE, request.prompt_len, now)
+        if worker.open_run is not None:
+            self._cut(worker, now)
         try:
             worker.scheduler.add_request(request, precomputed_tokens=request.prompt_len - 1)
         except RequestRejectedError as error:  # too long with its output, say: the prefill was wasted
-            self._let_go(request_id)
+            self._let_go(request_id, now)
             self._failed(request_id, error, now)
             return None
         return worker
@@ -644,26 +661,14 @@ class Simulator:
         ]
         return min(times, default=float("inf"))
 
-    def _affects(self, worker: _Worker, kind: _Event, payload: Any) -> bool:
-        if kind is _Event.ARRIVAL:
-            return True  # a decode worker's work starts as an arrival at a prefill worker
-        if kind in (_Event.LINK, _Event.DELIVER):
-            # KV landing starts decode steps; in a closed loop their finishes issue requests anywhere.
-            return worker.role is Role.DECODE or self.closed_loop is not None
-        other: _Worker = payload
-        if other is worker:
-            return False
-        if self.closed_loop is not None:  # a finish anywhere issues a new request
-            return True
-        # Disaggregated, a prefill's step end can send a decode worker KV. Another decode
-        # worker's step end reaches it only through an admission there, which lets a prefill
-        # worker's held KV go and so starts a prefill step whose requests it may be routed:
-        # with nobody waiting, that worker admits nothing until KV is delivered to it, and a
-        # delivery is an event of its own. (Without this, two decode workers' runs cut each
-        # other at every step end.)
-        if worker.role is not Role.DECODE:
-            return False
-        return other.role is not Role.DECODE or other.scheduler.num_waiting > 0
+    @staticmethod
+    def _affects(worker: _Worker, kind: _Event, payload: Any) -> bool:
+        """Whether an event can change ``worker``'s batch, where runs end at such events.
+
+        That is one worker in an open loop, where every arrival is its own, and closed loops,
+        where a finish anywhere issues a request anywhere: every event but its own step end.
+        """
+        return kind is not _Event.STEP_END or payload is not worker
 
     def _make_workers(self, replicas: int, disaggregation: Disaggregation | None) -> list[_Worker]:
         if disaggregation is None:
