@@ -140,14 +140,14 @@ class SimResult:
 
 @attrs.define(eq=False)
 class _OpenRun:
-    """A run taken but not yet committed to its worker's scheduler: an arrival routed there may still cut it."""
+    """A run taken but not yet committed to its worker's scheduler: what reaches that worker may still cut it."""
 
     run: DecodeRun | ChunkRun
     start: float
     ends: np.ndarray
     """float64: its steps' end times."""
     event: int
-    """The sequence number of its end event, cancelled if an arrival cuts the run."""
+    """The sequence number of its end event, cancelled if a cut ends the run earlier."""
 
     def pages_added(self, kv: KVView, now: float) -> int:
         """KV pages the run's steps begun by ``now`` have added (a step's pages are allocated as it is planned)."""
@@ -180,7 +180,7 @@ class _Worker:
     leaving: list[str] = attrs.Factory(list)
     """Requests a run in flight on a prefill worker has completed ahead of its end: sent on at its end."""
     open_run: _OpenRun | None = None
-    """A run in flight whose steps are committed when it ends or an arrival routed here cuts it."""
+    """A run in flight whose steps are committed when it ends or something reaching this worker cuts it."""
 
     @property
     def load(self) -> int:
