@@ -196,6 +196,21 @@ class TestTerminalUI:
             ui.message("done")
         assert out.getvalue() == format_table(results[1]) + "\n\ndone\n"
 
+    def test_a_long_task_logs_its_progress_every_half_minute(self) -> None:
+        """Without a bar, a task running past 30 s prints where it is, then its end; short tasks print nothing."""
+        times = iter([0.0, 10.0, 31.0, 45.0, 62.0, 3725.0, 100.0, 101.0])
+        out = io.StringIO()
+        with TerminalUI(stream=out, clock=lambda: next(times)) as ui:
+            for done in range(6):  # the clock reads 0, 10, 31, 45, 62 and 3725 s
+                ui("capacity search", done, 5)
+            ui("quick", 0, 1)  # 100 s
+            ui("quick", 1, 1)  # 101 s: a second in, nothing to say
+        assert out.getvalue().splitlines() == [
+            "capacity search: 2/5 (31s)",
+            "capacity search: 4/5 (1m02s)",
+            "capacity search: 5/5 (1h02m05s)",
+        ]
+
 
 @pytest.fixture(scope="module")
 def cut() -> ReplayResult:
