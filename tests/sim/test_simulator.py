@@ -592,36 +592,6 @@ def test_decode_workers_take_long_runs_beside_each_other() -> None:
     assert all(w.runs <= 12 for w in decode), [(w.steps, w.runs) for w in decode]
 
 
-@st.composite
-def two_decode_worker_scenarios(draw: st.DrawFn) -> dict[str, object]:
-    """Disaggregated runs with two decode workers whose KV fills, so their queues let held KV go."""
-    n = draw(st.integers(4, 40))
-    workload = synthetic(
-        n,
-        Gamma(rate=draw(st.sampled_from([5.0, 50.0, 500.0])), cv=2.0),
-        Uniform(1, draw(st.sampled_from([300, 1500]))),
-        Uniform(1, draw(st.sampled_from([40, 200, 600]))),
-        seed=draw(st.integers(0, 1000)),
-    )
-    options = PolicyOptions(max_model_len=4096, max_num_seqs=draw(st.sampled_from([None, 2, 4])))
-    return {
-        "workload": workload,
-        "policy": load_policy(draw(st.sampled_from(["vllm", "sarathi", "sglang"])), options),
-        "deployment": Deployment(num_pages=draw(st.sampled_from([130, 200, 260, 5000])), max_model_len=4096),
-        "disaggregation": Disaggregation(draw(st.integers(1, 2)), 2),
-    }
-
-
-@given(two_decode_worker_scenarios())
-@settings(deadline=None, max_examples=40, suppress_health_check=[HealthCheck.too_slow])
-def test_fast_forward_beside_another_decode_worker_gives_every_token_time_of_stepping(
-    options: dict[str, object],
-) -> None:
-    """Decode runs that pass the other decode worker's step ends time every token as stepping does."""
-    fast, slow = assert_times_of_stepping(options)
-    assert fast.metrics["failed"] == slow.metrics["failed"]
-
-
 def test_replicas_take_long_runs_beside_each_other() -> None:
     """An arrival cuts only the run of the replica it is routed to, not every replica's."""
     result = simulate(fixed(40, prompt_len=256, output_len=400, rate=100.0), load_policy("vllm"), replicas=4)
@@ -631,8 +601,8 @@ def test_replicas_take_long_runs_beside_each_other() -> None:
 
 
 @st.composite
-def replica_scenarios(draw: st.DrawFn) -> dict[str, object]:
-    """Aggregated replicas in an open loop whose KV fills, so the router's choice turns on pages taken mid-run."""
+def several_worker_scenarios(draw: st.DrawFn) -> dict[str, object]:
+    """Open loops over replicas or P:D pools whose KV fills: routing turns on pages taken mid-run, queues hold KV."""
     n = draw(st.integers(4, 40))
     workload = synthetic(
         n,
@@ -648,7 +618,7 @@ def replica_scenarios(draw: st.DrawFn) -> dict[str, object]:
         enable_prefix_caching=draw(st.booleans()),
     )
     name = draw(st.sampled_from(["vllm", "sarathi", "sglang", "orca", "trtllm-equal-progress", "vllm-priority"]))
-    return {
+    scenario: dict[str, object] = {
         "workload": workload,
         "policy": load_policy(name, options),
         "deployment": Deployment(
@@ -656,16 +626,20 @@ def replica_scenarios(draw: st.DrawFn) -> dict[str, object]:
             max_model_len=4096,
             watermark=draw(st.sampled_from([0.0, 0.05])),
         ),
-        "replicas": draw(st.integers(2, 5)),
     }
+    if draw(st.booleans()):
+        scenario["disaggregation"] = Disaggregation(draw(st.integers(1, 2)), draw(st.integers(1, 3)))
+    else:
+        scenario["replicas"] = draw(st.integers(2, 5))
+    return scenario
 
 
-@given(replica_scenarios())
-@settings(deadline=None, max_examples=50, suppress_health_check=[HealthCheck.too_slow])
-def test_fast_forward_past_arrivals_routed_elsewhere_gives_every_token_time_of_stepping(
+@given(several_worker_scenarios())
+@settings(deadline=None, max_examples=80, suppress_health_check=[HealthCheck.too_slow])
+def test_fast_forward_past_what_reaches_other_workers_gives_every_token_time_of_stepping(
     options: dict[str, object],
 ) -> None:
-    """Runs that pass arrivals routed elsewhere, and are cut by those routed to theirs, time tokens as stepping does."""
+    """Runs that pass what reaches other workers, and are cut by what reaches theirs, time tokens as stepping does."""
     fast, slow = assert_times_of_stepping(options)
     assert fast.metrics["failed"] == slow.metrics["failed"]
 
