@@ -29,7 +29,7 @@ class TerminalUI:
         quiet: Show no progress and no tables, only :meth:`message` lines marked ``always``.
         stream: Where everything goes; standard output by default.
         log_every_s: Without a progress bar, how often a running task's progress is printed.
-        clock: Seconds, for those lines (:func:`time.monotonic`; tests pass their own).
+        clock: Seconds, for those lines (``time.monotonic``; tests pass their own).
     """
 
     def __init__(
