@@ -151,11 +151,14 @@ class _OpenRun:
 
     def pages_added(self, kv: KVView, now: float) -> int:
         """KV pages the run's steps begun by ``now`` have added (a step's pages are allocated as it is planned)."""
-        steps = _run_length(self.ends, now)
-        run = self.run
-        if isinstance(run, ChunkRun):
-            return int(run.growth[steps - 1])
-        return int(kv.pages_to_grow(run.slots, run.kv_len - 1 + steps).sum())
+        return _pages_added(kv, self.run, _run_length(self.ends, now))
+
+
+def _pages_added(kv: KVView, run: DecodeRun | ChunkRun, steps: int) -> int:
+    """KV pages the first ``steps`` steps of ``run`` add, before any of them is committed."""
+    if isinstance(run, ChunkRun):
+        return int(run.growth[steps - 1])
+    return int(kv.pages_to_grow(run.slots, run.kv_len - 1 + steps).sum())
 
 
 @attrs.define(eq=False)
@@ -446,12 +449,11 @@ class Simulator:
     def _commit(self, worker: _Worker, run: DecodeRun | ChunkRun, start: float, ends: np.ndarray) -> None:
         """Apply the steps of ``run`` that end at ``ends`` to the worker's scheduler, recorder and counters."""
         kv, count = worker.scheduler.kv, len(ends)
+        unfreed = kv.num_free_pages - _pages_added(kv, run, count)
         if isinstance(run, ChunkRun):
-            unfreed = kv.num_free_pages - int(run.growth[count - 1])
             finished = worker.scheduler.advance_chunks(run, count)
             left = worker.recorder.on_chunk_run(run, start, ends, finished)
         else:
-            unfreed = kv.num_free_pages - int(kv.pages_to_grow(run.slots, run.kv_len - 1 + count).sum())
             finished = worker.scheduler.advance(run, count)
             left = worker.recorder.on_decode_run(run, start, ends, finished)
         self._progress += 1
