@@ -16,7 +16,7 @@ from unittest import mock
 
 import attrs
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from phasesched import (
@@ -205,6 +205,10 @@ class TestAtomicity:
         countdown=st.integers(0, 60),
     )
     @settings(deadline=None, max_examples=200, suppress_health_check=[HealthCheck.too_slow])
+    # r2 is preempted for r1, which is admitted into r2's slot; the step then fails: r2's row must come back.
+    @example(
+        name="vllm-priority", shapes=[(9, 5, 1), (17, 1, 5), (9, 5, 1)], pages=12, part="kv.extend_many", countdown=1
+    )
     def test_a_fault_anywhere_changes_nothing(
         self, name: str, shapes: list[Shape], pages: int, part: str, countdown: int
     ) -> None:

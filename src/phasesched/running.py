@@ -6,7 +6,7 @@ steady decode step a few vectorized operations however many requests run.
 
 from __future__ import annotations
 
-from typing import Any, ClassVar
+from typing import Any, ClassVar, NamedTuple
 
 import numpy as np
 from numpy.typing import NDArray
@@ -14,7 +14,7 @@ from numpy.typing import NDArray
 from phasesched.prefix import page_contents
 from phasesched.sequence import SequenceState
 
-__all__ = ["RunningArrays", "TokenBuffer", "read_only"]
+__all__ = ["RunningArrays", "SavedRows", "TokenBuffer", "read_only"]
 
 Int32Array = NDArray[np.int32]
 _NO_TOKEN = -1
@@ -86,6 +86,14 @@ class TokenBuffer:
         grown = np.zeros((height, width), dtype=np.int32)
         grown[: self.ids.shape[0], : self.ids.shape[1]] = self.ids
         self.ids = grown
+
+
+class SavedRows(NamedTuple):
+    """Slots' rows as :meth:`RunningArrays.save_rows` found them, for :meth:`RunningArrays.restore_rows` (opaque)."""
+
+    slots: Int32Array
+    values: dict[str, NDArray[Any]]
+    tokens: list[Int32Array]
 
 
 class RunningArrays:
@@ -197,6 +205,21 @@ class RunningArrays:
         self.seqs[slot] = seq
         self.ids[slot] = request.request_id
         self.stop_sets[slot] = request.stop_token_ids
+
+    def save_rows(self, slots: Int32Array) -> SavedRows:
+        """Copy ``slots``' rows, token ids included, so a rollback can put them back after the slots were reused."""
+        values = {name: getattr(self, name)[slots] for name in (*self._NUMERIC, *self._OBJECTS)}
+        with_ids = slots[self.has_ids[slots]].tolist()
+        tokens = [self.tokens.ids[slot, : self.known[slot]].copy() for slot in with_ids]
+        return SavedRows(slots, values, tokens)
+
+    def restore_rows(self, saved: SavedRows) -> None:
+        """Put back the rows :meth:`save_rows` copied (whatever loaded those slots since has been unloaded)."""
+        for name, values in saved.values.items():
+            getattr(self, name)[saved.slots] = values
+        with_ids = saved.slots[self.has_ids[saved.slots]].tolist()
+        for slot, tokens in zip(with_ids, saved.tokens, strict=True):
+            self.tokens.load(slot, tokens, [])
 
     def tokens_matter(self, slots: NDArray[np.integer[Any]]) -> NDArray[np.bool_]:
         """Which slots' sampled tokens matter (token ids, EOS or stop tokens): a simulator cannot make them up."""

@@ -1697,6 +1697,9 @@ class Scheduler:
         slots = np.asarray(victims, dtype=np.int32)
         seqs: list[SequenceState] = self._arrays.seqs[slots].tolist()
         saved = [(seq.status, seq.num_preemptions, seq.precomputed) for seq in seqs]
+        # The same call may admit a request into a victim's slot, overwriting its row: a rollback
+        # must put the row back (before the retire's own undo reloads the victims).
+        rows = self._arrays.save_rows(slots)
         self._retire(slots, journal)
 
         def undo() -> None:
@@ -1704,6 +1707,7 @@ class Scheduler:
                 if seq.request.request_id in self._waiting:
                     self._waiting.remove(seq.request.request_id)
                 seq.status, seq.num_preemptions, seq.precomputed = status, preemptions, precomputed
+            self._arrays.restore_rows(rows)
 
         journal.record(undo)
         ids = []
