@@ -34,6 +34,10 @@ __all__ = ["Claim", "FreedTables", "HeldKV", "KVView", "PagedKVManager", "Regist
 Int32Array = NDArray[np.int32]
 _NO_PAGE = -1
 _NO_SLOTS: Int32Array = np.empty(0, np.int32)
+_NO_PAGES: Int32Array = np.empty(0, np.int32)
+_NO_PAGES.flags.writeable = False
+_NO_STAMPS: NDArray[np.int64] = np.empty(0, np.int64)
+_NO_STAMPS.flags.writeable = False
 
 
 @attrs.frozen(eq=False)
@@ -45,7 +49,7 @@ class FreedTables:
     pages: Int32Array
     num_released: int
     held: Int32Array
-    parked: tuple[int, ...] = ()
+    parked: Int32Array = _NO_PAGES
     """Released pages that stayed cached (idle) rather than returning to the plain pool."""
     hashed: Int32Array | None = None
     """Each table's count of pages offered to the cache, before the free."""
@@ -57,8 +61,8 @@ class Claim:
 
     slot: int
     pages: tuple[int, ...]
-    unparked: tuple[int, ...]
-    stamps: tuple[int, ...]
+    unparked: Int32Array
+    stamps: NDArray[np.int64]
     queried: int
 
 
@@ -407,13 +411,16 @@ class PagedKVManager:
         if len(slots) == 0:
             return FreedTables(slots, counts, np.empty(0, np.int32), 0, held)
         _, pages = self.gather(slots, counts)
-        if self._shared:  # a page may appear in several of these tables: count every reference
+        if self._shared and self._refcount[pages].max(initial=0) > 1:  # shared pages: count every reference
             np.subtract.at(self._refcount, pages, 1)
             released = _tail_first(pages[self._refcount[pages] == 0], several=len(slots) > 1)
+        elif self._shared:  # no page is shared, so each appears once (tails first, as above)
+            self._refcount[pages] = 0
+            released = pages[::-1]
         else:  # every page has one owner, so each appears once and is released
             self._refcount[pages] = 0
             released = pages
-        parked: tuple[int, ...] = ()
+        parked = _NO_PAGES
         if self._cache is not None:
             released, parked = self._park(released)
         top = self._num_free
@@ -474,20 +481,23 @@ class PagedKVManager:
         """
         if self._cache is None:
             return None
+        if num_pages == 0 and not self._count[slot]:  # nothing cached to claim: only the lookup counts
+            self._cache.count_lookup(queried, 0)
+            return Claim(slot, (), _NO_PAGES, _NO_STAMPS, queried)
         pages = self._cache.lookup(hashes[:num_pages])
         if len(pages) != num_pages or self._count[slot]:
             msg = f"cannot claim {num_pages} cached pages for table {slot}: {len(pages)} are cached"
             raise InvalidArgumentError(msg)
         self._ensure_width(num_pages)  # first: the only step here that can fail (memory)
-        index = np.asarray(pages, dtype=np.int64)
-        idle = index[self._refcount[index] == 0].tolist()
+        index = np.asarray(pages, dtype=np.int32)
+        idle = index[self._refcount[index] == 0]
         stamps = self._cache.unpark(idle)
         self._table[slot, :num_pages] = pages
         self._count[slot] = num_pages
         self._hashed[slot] = num_pages
         self._refcount[pages] += 1
         self._cache.count_lookup(queried, num_pages)
-        return Claim(slot, tuple(pages), tuple(idle), stamps, queried)
+        return Claim(slot, tuple(pages), idle, stamps, queried)
 
     def unclaim(self, claim: Claim | None) -> None:
         """Undo :meth:`claim`: the table is empty again and the pages as they were."""
@@ -599,15 +609,15 @@ class PagedKVManager:
         self._cache.unregister(registration.registered)
         self._hashed[registration.slot] -= registration.offered
 
-    def _park(self, pages: Int32Array) -> tuple[Int32Array, tuple[int, ...]]:
+    def _park(self, pages: Int32Array) -> tuple[Int32Array, Int32Array]:
         """Keep released hashed pages cached (idle), in order; return the others, for the plain pool, and those kept."""
         cache = self._cache
         if cache is None or not cache.num_hashed:
-            return pages, ()
+            return pages, _NO_PAGES
         hashed = cache.hashed_among(pages)
         if not hashed.any():
-            return pages, ()
-        kept = tuple(pages[hashed].tolist())
+            return pages, _NO_PAGES
+        kept: Int32Array = pages[hashed]
         cache.park(kept)
         plain: Int32Array = pages[~hashed]
         return plain, kept

@@ -9,14 +9,15 @@ instead of computing them again.
 Every change here has an exact inverse (``unpark``, ``unevict``, ``unregister``, ...), so the
 scheduler's journal can undo a failed call: idle pages keep the stamp they were parked with,
 and restoring one puts it back in its place in the LRU.
+
+The LRU and the names are numpy arrays over the pages, so parking, claiming and evicting a
+chunk's worth of pages costs a few numpy calls; only the hash -> page dict is touched per page.
 """
 
 from __future__ import annotations
 
-from collections import OrderedDict, deque
-from collections.abc import Iterable, Sequence
-from itertools import islice
-from operator import itemgetter
+from collections import deque
+from collections.abc import Sequence
 
 import attrs
 import numpy as np
@@ -52,9 +53,113 @@ class CacheStats:
 class Evicted:
     """Pages :meth:`PrefixCache.evict` dropped, with what :meth:`PrefixCache.unevict` needs (opaque)."""
 
-    pages: tuple[int, ...]
+    pages: NDArray[np.int32]
     hashes: tuple[int, ...]
-    stamps: tuple[int, ...]
+    stamps: NDArray[np.int64]
+
+
+class _IdleQueue:
+    """Idle pages in release order (least recent first), as numpy arrays.
+
+    Parking appends ``(page, stamp)`` entries with rising stamps, so the entries stay sorted by
+    stamp. Taking a page out (a claim, an eviction) only clears ``stamp_of[page]``: an entry is
+    *live* while its page's stamp is its own, so a claim costs no search. Evicting takes the
+    first live entries from the head; dead ones are dropped when the arrays are compacted.
+    :meth:`restore` (rollbacks only) puts entries back in stamp order.
+    """
+
+    def __init__(self, num_pages: int) -> None:
+        self.stamp_of = np.zeros(num_pages, dtype=np.int64)  # an idle page's stamp; 0 when not idle
+        self.count = 0
+        size = 2 * num_pages + 64  # live entries never exceed the pages: compaction always makes room
+        self._pages = np.zeros(size, dtype=np.int32)
+        self._stamps = np.zeros(size, dtype=np.int64)
+        self._head = self._tail = 0
+        self._last_stamp = 0
+
+    def live(self) -> NDArray[np.int32]:
+        """The idle pages, least recently released first."""
+        pages, stamps = self._pages[self._head : self._tail], self._stamps[self._head : self._tail]
+        live: NDArray[np.int32] = pages[self.stamp_of[pages] == stamps]
+        return live
+
+    def push(self, pages: NDArray[np.int32]) -> None:
+        """Pages (none idle now, each once) become idle, most recently released, in order."""
+        count = len(pages)
+        if self._tail + count > len(self._pages):
+            self._compact()
+        stamps = np.arange(self._last_stamp + 1, self._last_stamp + 1 + count, dtype=np.int64)
+        tail = self._tail
+        self._pages[tail : tail + count] = pages
+        self._stamps[tail : tail + count] = stamps
+        self.stamp_of[pages] = stamps
+        self._tail = tail + count
+        self._last_stamp += count
+        self.count += count
+
+    def take(self, pages: NDArray[np.int32]) -> NDArray[np.int64]:
+        """Take idle ``pages`` out; return their stamps, for :meth:`restore`."""
+        stamps = self.stamp_of[pages]
+        if not stamps.all():
+            msg = f"pages {pages[stamps == 0].tolist()} are not idle"
+            raise KeyError(msg)
+        self.stamp_of[pages] = 0
+        self.count -= len(pages)
+        return stamps
+
+    def take_oldest(self, count: int) -> tuple[NDArray[np.int32], NDArray[np.int64]]:
+        """Take the ``count`` least recently released idle pages out; return them and their stamps."""
+        if count > self.count:
+            msg = f"cannot evict {count} of {self.count} idle pages"
+            raise KeyError(msg)
+        head, window = self._head, count
+        while True:  # usually once: dead entries (claimed pages) near the head are few
+            stop = min(head + window, self._tail)
+            pages, stamps = self._pages[head:stop], self._stamps[head:stop]
+            live = np.flatnonzero(self.stamp_of[pages] == stamps)
+            if len(live) >= count:
+                break
+            assert stop < self._tail, "an idle page has no entry in the LRU"
+            window *= 2
+        chosen = live[:count]
+        pages, stamps = pages[chosen], stamps[chosen]
+        self.stamp_of[pages] = 0
+        self._head = head + int(chosen[-1]) + 1 if count else head
+        self.count -= count
+        return pages, stamps
+
+    def restore(self, pages: NDArray[np.int32], stamps: NDArray[np.int64]) -> None:
+        """Undo :meth:`take` or :meth:`take_oldest`: the pages are idle again, in their old places."""
+        if not len(pages):
+            return
+        self.stamp_of[pages] = stamps
+        self.count += len(pages)
+        kept = self._stamps[self._head : self._tail]
+        at = np.searchsorted(kept, stamps)
+        present = at < len(kept)
+        present[present] = kept[at[present]] == stamps[present]
+        if present.all():
+            return
+        # Their entries were passed by an eviction or compacted away: merge them back in stamp order.
+        merged_pages = np.concatenate([self._pages[self._head : self._tail], pages[~present]])
+        merged_stamps = np.concatenate([kept, stamps[~present]])
+        order = np.argsort(merged_stamps, kind="stable")
+        self._place(merged_pages[order], merged_stamps[order])
+
+    def _compact(self) -> None:
+        """Drop dead entries, moving the live ones to the front."""
+        pages, stamps = self._pages[self._head : self._tail], self._stamps[self._head : self._tail]
+        live = self.stamp_of[pages] == stamps
+        self._place(pages[live], stamps[live])
+
+    def _place(self, pages: NDArray[np.int32], stamps: NDArray[np.int64]) -> None:
+        count = len(pages)
+        if count + len(self.stamp_of) > len(self._pages):  # keep room to push every page once
+            self._pages = np.zeros(2 * (count + len(self.stamp_of)), dtype=np.int32)
+            self._stamps = np.zeros(len(self._pages), dtype=np.int64)
+        self._pages[:count] = pages
+        self._stamps[:count] = stamps
+        self._head, self._tail = 0, count
 
 
 class PrefixCache:
@@ -69,8 +174,7 @@ class PrefixCache:
         self._hash_of = np.zeros(num_pages, dtype=np.int64)  # a named page's hash (0 when unnamed)
         self._named = np.zeros(num_pages, dtype=bool)
         self._num_named = 0
-        self._idle: OrderedDict[int, int] = OrderedDict()  # page -> stamp, least recent first
-        self._stamp = 0
+        self._idle = _IdleQueue(num_pages)
         self._counts = [0, 0, 0, 0]  # queried, hits, evictions, registered: plain ints on the hot path
 
     @property
@@ -81,7 +185,7 @@ class PrefixCache:
     @property
     def num_idle(self) -> int:
         """Cached pages no table references."""
-        return len(self._idle)
+        return self._idle.count
 
     @property
     def num_hashed(self) -> int:
@@ -90,7 +194,8 @@ class PrefixCache:
 
     def idle_pages(self) -> list[int]:
         """Idle pages, least recently released first."""
-        return list(self._idle)
+        pages: list[int] = self._idle.live().tolist()
+        return pages
 
     def is_hashed(self, page: int) -> bool:
         """Whether ``page`` carries a hash."""
@@ -107,47 +212,36 @@ class PrefixCache:
         return pages
 
     # ---------------------------------------------------------------- changes and their inverses
-    def park(self, pages: Iterable[int]) -> None:
-        """Pages whose last reference went: idle, most recently released."""
-        pages = list(pages)
-        stamp = self._stamp
-        self._idle.update(zip(pages, range(stamp + 1, stamp + 1 + len(pages)), strict=True))
-        self._stamp = stamp + len(pages)
+    def park(self, pages: NDArray[np.int32]) -> None:
+        """Pages whose last reference went: idle, most recently released, in order."""
+        self._idle.push(pages)
 
     def hashed_among(self, pages: NDArray[np.int32]) -> NDArray[np.bool_]:
         """Which of ``pages`` carry a hash."""
         named: NDArray[np.bool_] = self._named[pages]
         return named
 
-    def unpark(self, pages: Iterable[int]) -> tuple[int, ...]:
+    def unpark(self, pages: NDArray[np.int32]) -> NDArray[np.int64]:
         """Take idle ``pages`` out of the LRU (a claim, or undoing :meth:`park`); return their stamps."""
-        return tuple(self._idle.pop(page) for page in pages)
+        return self._idle.take(pages)
 
-    def repark(self, pages: Sequence[int], stamps: Sequence[int]) -> None:
+    def repark(self, pages: NDArray[np.int32], stamps: NDArray[np.int64]) -> None:
         """Undo :meth:`unpark`: the pages are idle again, in their old places."""
-        if not pages:
-            return
-        self._idle.update(zip(pages, stamps, strict=True))
-        self._idle = OrderedDict(sorted(self._idle.items(), key=itemgetter(1)))  # rare: only on rollback
+        self._idle.restore(pages, stamps)
 
     def evict(self, count: int) -> Evicted:
         """Drop the ``count`` least recently released idle pages from the cache, for reuse."""
-        idle = self._idle
-        if count > len(idle):
-            msg = f"cannot evict {count} of {len(idle)} idle pages"
-            raise KeyError(msg)
-        pages = tuple(islice(idle, count))  # least recent first; each map below runs without a Python loop
-        stamps = tuple(map(idle.pop, pages))
-        index = np.fromiter(pages, dtype=np.int64, count=count)
-        hashes = tuple(self._hash_of[index].tolist())
-        deque(map(self._page_of.pop, hashes), maxlen=0)
-        self._unname(index)
+        pages, stamps = self._idle.take_oldest(count)  # least recent first
+        hashes = tuple(self._hash_of[pages].tolist())
+        deque(map(self._page_of.pop, hashes), maxlen=0)  # the one loop per page, in C
+        self._unname(pages)
         self._counts[2] += count
         return Evicted(pages, hashes, stamps)
 
     def unevict(self, evicted: Evicted) -> None:
         """Undo :meth:`evict`: the pages are cached and idle again."""
-        self._map(evicted.pages, evicted.hashes)
+        self._page_of.update(zip(evicted.hashes, evicted.pages.tolist(), strict=True))
+        self._name(evicted.pages, evicted.hashes)
         self.repark(evicted.pages, evicted.stamps)
         self._count(evictions=-len(evicted.pages))
 
@@ -198,16 +292,12 @@ class PrefixCache:
         """Count an admission's lookup (negative counts undo one)."""
         self._count(queried=queried, hits=hits)
 
-    def _map(self, pages: Sequence[int], hashes: Sequence[int]) -> None:
-        self._page_of.update(zip(hashes, pages, strict=True))
-        self._name(np.fromiter(pages, dtype=np.int64, count=len(pages)), hashes)
-
-    def _name(self, pages: NDArray[np.int64], hashes: Sequence[int]) -> None:
+    def _name(self, pages: NDArray[np.integer], hashes: Sequence[int]) -> None:
         self._hash_of[pages] = hashes
         self._named[pages] = True
         self._num_named += len(pages)
 
-    def _unname(self, pages: NDArray[np.int64]) -> None:
+    def _unname(self, pages: NDArray[np.integer]) -> None:
         self._hash_of[pages] = 0
         self._named[pages] = False
         self._num_named -= len(pages)
