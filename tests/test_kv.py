@@ -17,6 +17,7 @@ from phasesched import (
     SchedulerConfig,
     SchedulingPolicy,
 )
+from phasesched.kv import _parents
 from phasesched.policies import TokenBudget
 from phasesched.prefix import ROOT_HASH, extend_page_hashes
 from phasesched.running import TokenBuffer
@@ -355,3 +356,22 @@ class TestPageHashes:
         b = page_hashes([5, 6, 7, 8, 9, 9, 9, 9], 4)
         assert a[1] != b[1]
         assert page_hashes([1, 2, 3, 4, 9, 9, 9, 9], 4) == a
+
+
+@given(
+    tables=st.lists(
+        st.tuples(st.lists(st.integers(1, 2**62), max_size=6), st.integers(0, 6), st.integers(0, 6)), max_size=5
+    )
+)
+def test_the_parent_of_each_named_page_is_the_page_before_it(tables: list[tuple[list[int], int, int]]) -> None:
+    """``register_many``'s parents: the previous page's hash in the same table, the root for a first page."""
+    page_hashes = [hashes for hashes, _, _ in tables]
+    first = [min(f, len(hashes)) for hashes, f, _ in tables]
+    named = [hashes[f : f + n] for (hashes, _, n), f in zip(tables, first, strict=True)]
+    flat = [h for run in named for h in run]
+    expected = [
+        hashes[f + i - 1] if f + i else ROOT_HASH
+        for hashes, f, run in zip(page_hashes, first, named, strict=True)
+        for i in range(len(run))
+    ]
+    assert _parents(page_hashes, first, named, flat).tolist() == expected

@@ -240,3 +240,49 @@ class TestLazyNaming:
             plan = scheduler.schedule(float(step))
             scheduler.update(plan, executor.execute(plan))
             scheduler.check_invariants()
+
+    @staticmethod
+    def after_a_finished_twin(*, steady: bool, pages: int, fillers: int, new: int) -> tuple[list[object], Scheduler]:
+        """``a`` runs alone and finishes (its pages stay cached), then its twin ``b`` decodes beside fillers.
+
+        ``b`` generates ``a``'s tokens (the executor's token depends on the position only), so
+        each page it fills has the hash of an idle page of ``a``; on a full cache the steady
+        steps evict ``a``'s pages while ``b``'s are waiting to be named. Reads of the cache
+        name pending pages, so the run reads only plans until the end.
+        """
+        scheduler = Scheduler(
+            SchedulerConfig(num_pages=pages, page_size=4, max_model_len=256), load_policy("vllm", PolicyOptions())
+        )
+        scheduler._steady_fast_path = steady
+        executor = DeterministicExecutor(vocab_size=1000)
+        seen: list[object] = []
+
+        def serve() -> None:
+            while scheduler.num_unfinished:
+                plan = scheduler.schedule(float(len(seen)))
+                scheduler.update(plan, executor.execute(plan))
+                seen.append((plan.request_ids, plan.kv_indices.tolist()))
+
+        scheduler.add_request(Request("a", prompt_token_ids=list(range(1, 9)), max_new_tokens=8))
+        serve()
+        scheduler.add_request(Request("b", prompt_token_ids=list(range(1, 9)), max_new_tokens=new))
+        for i in range(fillers):
+            scheduler.add_request(Request(f"f{i}", prompt_token_ids=[500 + 10 * i, *range(1, 8)], max_new_tokens=new))
+        serve()
+        seen.append((scheduler.kv.cache_stats, scheduler.kv.idle_cached_pages()))
+        return seen, scheduler
+
+    @pytest.mark.parametrize(("pages", "fillers", "new"), [(12, 2, 12), (12, 1, 24), (16, 3, 16), (20, 4, 32)])
+    def test_evicting_a_page_a_pending_one_shares_its_hash_with_names_it_first(
+        self, pages: int, fillers: int, new: int
+    ) -> None:
+        """Steady steps evict without naming their pending pages, except where an evicted hash is theirs.
+
+        Named after that eviction, ``b``'s page would take the name ``a``'s page held when it
+        filled (naming as pages fill leaves it unnamed): later hits, evictions and pages differ.
+        """
+        runs = [
+            self.after_a_finished_twin(steady=steady, pages=pages, fillers=fillers, new=new) for steady in (True, False)
+        ]
+        assert runs[0][0] == runs[1][0]
+        runs[0][1].check_invariants()

@@ -26,6 +26,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from phasesched.errors import InvalidArgumentError, OutOfPagesError, UnknownTableError
+from phasesched.prefix import ROOT_HASH
 from phasesched.prefix_cache import CacheStats, Evicted, PrefixCache
 from phasesched.validators import INT32_MAX, is_int
 
@@ -91,6 +92,18 @@ def _layout(slots: Int32Array, first: Int32Array, count: NDArray[np.integer]) ->
     rows: Int32Array = np.repeat(slots, count)
     cols: Int32Array = np.repeat(first, count) + (np.arange(total) - np.repeat(starts, count))
     return rows, cols
+
+
+def _parents(
+    page_hashes: list[list[int]], first: list[int], named: list[list[int]], hashes: list[int]
+) -> NDArray[np.int64]:
+    """The parents' hashes of the pages ``hashes``: ``named[i]``, table ``i``'s pages from ``first[i]`` on, in turn."""
+    parents = np.empty(len(hashes), dtype=np.int64)
+    parents[1:] = hashes[:-1]  # within a table, each page's parent is the page before
+    lengths = np.fromiter(map(len, named), dtype=np.int64, count=len(named))
+    starts = (np.cumsum(lengths) - lengths)[lengths > 0]
+    parents[starts] = [h[f - 1] if f else ROOT_HASH for h, f, n in zip(page_hashes, first, named, strict=True) if n]
+    return parents
 
 
 def _tail_first(pages: Int32Array, *, several: bool) -> Int32Array:
@@ -532,17 +545,23 @@ class PagedKVManager:
         """Only table ``slot``'s first ``num_pages`` pages can ever be named (its content is unknown past them)."""
         self._nameable[slot] = min(num_pages, INT32_MAX)
 
-    def register(self, slot: int, hashes: list[int], num_pages: int | None = None) -> Registration:
+    def register(
+        self, slot: int, hashes: list[int], num_pages: int | None = None, *, parent: int | None = None
+    ) -> Registration:
         """Offer table ``slot``'s next ``num_pages`` full pages to the cache (all of ``hashes`` by default).
 
         The first ``len(hashes)`` of them are named by ``hashes``, in order; the rest have no
-        known content (a length-only request's generated tokens) and stay unnamed.
+        known content (a length-only request's generated tokens) and stay unnamed. ``parent``
+        is the hash of the table's page before them, when they are not its first.
         """
         assert self._cache is not None
         first = int(self._hashed[slot])
         offered = len(hashes) if num_pages is None else num_pages
         hashes = hashes[:offered]
-        registered = self._cache.register(self._table[slot, first : first + len(hashes)], hashes)
+        if parent is None and first == 0:
+            parent = ROOT_HASH
+        parents = None if parent is None or not hashes else [parent, *hashes[:-1]]
+        registered = self._cache.register(self._table[slot, first : first + len(hashes)], hashes, parents)
         self._hashed[slot] = first + offered
         return Registration(slot, offered, registered)
 
@@ -567,10 +586,18 @@ class PagedKVManager:
             lengths = np.fromiter(map(len, named), dtype=np.int64, count=len(named))
             rows, cols = _layout(slots, first, lengths)
             pages = self._table[rows, cols]
-        registered = self._cache.register(pages, hashes)
+        registered = self._cache.register(pages, hashes, _parents(page_hashes, first.tolist(), named, hashes))
         offered = num_pages.astype(np.int32)
         self._hashed[slots] = first + offered
         return Registrations(slots.copy(), offered, registered)
+
+    def parents_to_evict(self, num_pages: int) -> set[int] | None:
+        """The parents' hashes of the idle pages that handing out ``num_pages`` more pages now would evict.
+
+        ``None`` when some are not known (pages offered by :meth:`register` without their parent).
+        """
+        assert self._cache is not None
+        return self._cache.parents_to_evict(num_pages - self._num_free)
 
     def evicts_for(self, num_pages: int) -> bool:
         """Whether handing out ``num_pages`` more pages now would evict idle cached ones."""
@@ -585,14 +612,15 @@ class PagedKVManager:
         """Whether page ``pages[i]`` is the next one table ``slots[i]`` would offer to the cache, for every ``i``."""
         return bool((self._hashed[slots] == pages).all())
 
-    def register_next(self, slots: Int32Array, hashes: list[int]) -> Registrations:
+    def register_next(self, slots: Int32Array, hashes: list[int], parents: list[int]) -> Registrations:
         """Offer the next full page of each table ``slots[i]`` (distinct) to the cache, named ``hashes[i]``.
 
-        :meth:`register_many` for the steady decode step, where each table filled one page.
+        :meth:`register_many` for the steady decode step, where each table filled one page;
+        ``parents[i]`` is the hash of the page before it.
         """
         assert self._cache is not None
         first = self._hashed[slots]
-        registered = self._cache.register(self._table[slots, first], hashes)
+        registered = self._cache.register(self._table[slots, first], hashes, parents)
         self._hashed[slots] = first + 1
         kept = slots if not slots.flags.writeable else slots.copy()  # a frozen array cannot change under the undo
         return Registrations(kept, np.ones(len(slots), dtype=np.int32), registered)

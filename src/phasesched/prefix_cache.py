@@ -107,8 +107,8 @@ class _IdleQueue:
         self.count -= len(pages)
         return stamps
 
-    def take_oldest(self, count: int) -> tuple[NDArray[np.int32], NDArray[np.int64]]:
-        """Take the ``count`` least recently released idle pages out; return them and their stamps."""
+    def oldest(self, count: int) -> tuple[NDArray[np.int32], NDArray[np.int64], int]:
+        """The ``count`` least recently released idle pages, their stamps and the entry after the last."""
         if count > self.count:
             msg = f"cannot evict {count} of {self.count} idle pages"
             raise KeyError(msg)
@@ -122,9 +122,12 @@ class _IdleQueue:
             assert stop < self._tail, "an idle page has no entry in the LRU"
             window *= 2
         chosen = live[:count]
-        pages, stamps = pages[chosen], stamps[chosen]
+        return pages[chosen], stamps[chosen], head + int(chosen[-1]) + 1 if count else head
+
+    def take_oldest(self, count: int) -> tuple[NDArray[np.int32], NDArray[np.int64]]:
+        """Take the ``count`` least recently released idle pages out; return them and their stamps."""
+        pages, stamps, self._head = self.oldest(count)
         self.stamp_of[pages] = 0
-        self._head = head + int(chosen[-1]) + 1 if count else head
         self.count -= count
         return pages, stamps
 
@@ -172,6 +175,8 @@ class PrefixCache:
     def __init__(self, num_pages: int) -> None:
         self._page_of: dict[int, int] = {}
         self._hash_of = np.zeros(num_pages, dtype=np.int64)  # a named page's hash (0 when unnamed)
+        self._parent_of = np.zeros(num_pages, dtype=np.int64)  # the hash of the page before it, if known
+        self._parent_known = np.zeros(num_pages, dtype=bool)
         self._named = np.zeros(num_pages, dtype=bool)
         self._num_named = 0
         self._idle = _IdleQueue(num_pages)
@@ -238,6 +243,13 @@ class PrefixCache:
         self._counts[2] += count
         return Evicted(pages, hashes, stamps)
 
+    def parents_to_evict(self, count: int) -> set[int] | None:
+        """The parents' hashes of the pages :meth:`evict` would drop for ``count`` now (``None``: some unknown)."""
+        pages, _, _ = self._idle.oldest(count)
+        if not self._parent_known[pages].all():
+            return None
+        return set(self._parent_of[pages].tolist())
+
     def unevict(self, evicted: Evicted) -> None:
         """Undo :meth:`evict`: the pages are cached and idle again."""
         self._page_of.update(zip(evicted.hashes, evicted.pages.tolist(), strict=True))
@@ -245,11 +257,18 @@ class PrefixCache:
         self.repark(evicted.pages, evicted.stamps)
         self._count(evictions=-len(evicted.pages))
 
-    def register(self, pages: NDArray[np.int32] | Sequence[int], hashes: Sequence[int]) -> tuple[int, ...]:
+    def register(
+        self,
+        pages: NDArray[np.int32] | Sequence[int],
+        hashes: Sequence[int],
+        parents: NDArray[np.int64] | Sequence[int] | None = None,
+    ) -> tuple[int, ...]:
         """Name freshly filled pages by their hashes, in order; return those registered.
 
         A page whose hash is already cached, or met earlier in the same call (the same prefix
         computed twice at once), stays unnamed: the first copy is the one later requests share.
+        ``parents`` are the hashes of the pages before them in their sequences, when known
+        (:meth:`parents_to_evict` reads them).
         """
         page_of = self._page_of
         if len(pages) != len(hashes):
@@ -265,15 +284,17 @@ class PrefixCache:
             page_of.update(zip(hashes, new_pages, strict=True))
             if len(page_of) == size + len(hashes):
                 self._name(index, hashes)
+                self._set_parents(index, parents)
             else:  # a hash twice in the call: take the update back and name them one by one
                 for value in hashes:
                     page_of.pop(value, None)
         if len(page_of) == size:
             named = []
-            for page, value in zip(index.tolist(), hashes, strict=True):
+            for at, (page, value) in enumerate(zip(index.tolist(), hashes, strict=True)):
                 if value not in page_of and not self._named[page]:
                     page_of[value] = page
                     self._name(np.array([page]), [value])
+                    self._set_parents(np.array([page]), None if parents is None else [parents[at]])
                     named.append(page)
             new_pages = tuple(named)
         self._counts[3] += len(new_pages)
@@ -296,6 +317,13 @@ class PrefixCache:
         self._hash_of[pages] = hashes
         self._named[pages] = True
         self._num_named += len(pages)
+
+    def _set_parents(self, pages: NDArray[np.integer], parents: NDArray[np.int64] | Sequence[int] | None) -> None:
+        if parents is None:
+            self._parent_known[pages] = False
+        else:
+            self._parent_of[pages] = parents
+            self._parent_known[pages] = True
 
     def _unname(self, pages: NDArray[np.integer]) -> None:
         self._hash_of[pages] = 0

@@ -231,6 +231,28 @@ class _GroupNaming(NamedTuple):
     """Their sequences' page hash lists, extended in place."""
 
 
+class _Unnamed:
+    """A steady group's pages that filled in one step and wait to be named (see :meth:`Scheduler._name_pending`)."""
+
+    __slots__ = ("_parents", "_worked_out", "full", "naming")
+
+    def __init__(self, naming: _GroupNaming, full: Int32Array) -> None:
+        self.naming = naming
+        self.full = full
+        """Each table's full pages then: the page that filled is the last."""
+        self._parents: set[int] | None = None
+        self._worked_out = False
+
+    def parents(self) -> set[int] | None:
+        """The hashes of the pages before those that filled (``None`` if some are not hashed); worked out once."""
+        if not self._worked_out:
+            lists = self.naming.hashes
+            if all(len(hashes) == pages - 1 for hashes, pages in zip(lists, self.full.tolist(), strict=True)):
+                self._parents = {hashes[-1] if hashes else ROOT_HASH for hashes in lists}
+            self._worked_out = True
+        return self._parents
+
+
 def _steady_naming(
     scheduler: Scheduler, running: Int32Array, groups: list[NDArray[np.int32]]
 ) -> list[_GroupNaming] | None:
@@ -342,8 +364,8 @@ class Scheduler:
         )
         """The KV manager: internal (the scheduler's journal must see every change); others read :attr:`kv`."""
         self._kv_view = KVView(self._kv, sync=self._name_pending)
-        self._unnamed: list[tuple[_GroupNaming, Int32Array]] = []
-        """Steady groups whose pages filled but are not named yet, each with its tables' full pages then."""
+        self._unnamed: list[_Unnamed] = []
+        """Steady groups' pages that filled but are not named yet, oldest first."""
         self._arrays = RunningArrays()
         self._running: Int32Array = _frozen(np.empty(0, dtype=np.int32))  # admission order
         self._waiting = WaitingQueue()
@@ -1518,7 +1540,7 @@ class Scheduler:
     def check_invariants(self) -> None:
         """Assert the internal bookkeeping is whole (tests call this after every step)."""
         self._kv.check_invariants()
-        groups = [id(naming) for naming, _ in self._unnamed]
+        groups = [id(pending.naming) for pending in self._unnamed]
         assert len(set(groups)) == len(groups) <= self._kv.page_size, "pages left unnamed past a turn of the groups"
         arrays, running = self._arrays, self._running
         assert len(np.unique(running)) == len(running), "a slot runs twice"
@@ -1680,8 +1702,9 @@ class Scheduler:
     def _extend(self, slots: Int32Array, num_pages: NDArray[np.int64], journal: Journal) -> None:
         if not np.count_nonzero(num_pages):  # most decode steps cross no page boundary
             return
-        if self._unnamed and self._kv.evicts_for(int(num_pages.sum())):
-            self._name_pending()  # eviction unnames pages: the pending ones must meet the cache as it was
+        total = int(num_pages.sum())
+        if self._unnamed and self._kv.evicts_for(total) and self._pending_meet(self._kv.parents_to_evict(total)):
+            self._name_pending()  # a pending page must meet its hash cached, as it would have when it filled
         counts = self._kv.page_counts[slots]  # a copy (fancy indexing), for the undo
         evicted = self._kv.extend_many(slots, num_pages)
 
@@ -1769,8 +1792,9 @@ class Scheduler:
         has_ids = self._arrays.has_ids[slots]
         last_only = has_ids & (known == full - 1)  # decodes: one page of generated tokens filled
         if last_only.all() and (due == 1).all():  # the steady decode step: one page each, all new
+            parents = [hashes[-1] if hashes else ROOT_HASH for hashes in lists]
             self._hash_last_pages(slots, full, lists, journal)
-            registrations = kv.register_next(slots, [hashes[-1] for hashes in lists])
+            registrations = kv.register_next(slots, [hashes[-1] for hashes in lists], parents)
         else:
             if last_only.any():
                 one = np.flatnonzero(last_only)
@@ -1783,10 +1807,27 @@ class Scheduler:
         """Leave a steady group's freshly filled pages to be named later, with others (last thing in a step)."""
         if not len(naming.named):
             return
-        if any(pending is naming for pending, _ in self._unnamed):  # its turn came round again: name them all
+        if any(pending.naming is naming for pending in self._unnamed):  # its turn came round again: name them all
             self._name_pending()
-        self._unnamed.append((naming, kv_len[naming.named] // self._kv.page_size))
+        self._unnamed.append(_Unnamed(naming, kv_len[naming.named] // self._kv.page_size))
         journal.record(self._unnamed.pop)
+
+    def _pending_meet(self, evicted_parents: set[int] | None) -> bool:
+        """Whether a pending page may share the hash of a page about to be evicted: then it must be named first.
+
+        Naming a page asks whether its hash is cached, and evicting pages whose hashes no pending
+        page has changes no answer, so pending pages can wait past the eviction. Equal hashes
+        mean equal prefixes, so equal parents' hashes (the prefix before the page): pages whose
+        parents differ cannot share a hash (but for a hash collision, which sharing KV already
+        rules out). ``None``: some parent is not known.
+        """
+        if evicted_parents is None:
+            return True
+        for pending in self._unnamed:
+            parents = pending.parents()
+            if parents is None or not evicted_parents.isdisjoint(parents):
+                return True
+        return False
 
     def _name_pending(self) -> None:
         """Name the pages the steady steps left unnamed, before anything can look them up or free them.
@@ -1799,17 +1840,18 @@ class Scheduler:
         if not self._unnamed:
             return
         entries, size = self._unnamed, self._kv.page_size
-        slots = np.concatenate([naming.slots for naming, _ in entries])
-        full = np.concatenate([pages for _, pages in entries])
+        slots = np.concatenate([pending.naming.slots for pending in entries])
+        full = np.concatenate([pending.full for pending in entries])
         journal = Journal()
         try:
             if self._kv.offers_next(slots, full - 1):  # distinct tables, each one page on: one batch
-                lists = [hashes for naming, _ in entries for hashes in naming.hashes]
+                lists = [hashes for pending in entries for hashes in pending.naming.hashes]
+                parents = [hashes[-1] if hashes else ROOT_HASH for hashes in lists]
                 self._hash_last_pages(slots, full, lists, journal)
-                self._kv.register_next(slots, [hashes[-1] for hashes in lists])
+                self._kv.register_next(slots, [hashes[-1] for hashes in lists], parents)
             else:  # not where the steady batch expected: the general way, step by step
-                for naming, pages in entries:
-                    self._register_pages(naming.slots, pages * size, journal)
+                for pending in entries:
+                    self._register_pages(pending.naming.slots, pending.full * size, journal)
         except BaseException:
             journal.rollback()
             raise
