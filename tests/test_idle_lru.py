@@ -46,7 +46,9 @@ class Model:
 
 
 Op = tuple[str, int]
-ops = st.lists(st.tuples(st.sampled_from(["push", "take", "evict"]), st.integers(0, NUM_PAGES)), min_size=1, max_size=4)
+ops = st.lists(
+    st.tuples(st.sampled_from(["push", "take", "evict", "peek"]), st.integers(0, 3)), min_size=1, max_size=4
+)
 calls = st.lists(st.tuples(ops, st.booleans()), min_size=1, max_size=60)
 
 
@@ -54,6 +56,11 @@ def apply(op: Op, queue: _IdleQueue, model: Model, rng: np.random.Generator) -> 
     """Apply one operation to both; return the undo of both (``None`` if it did nothing)."""
     kind, amount = op
     idle = list(model.idle)
+    if kind == "peek":  # what an eviction would take (the queue keeps the answer until it changes)
+        count = min(amount, len(idle))
+        if count:
+            assert queue.oldest(count)[0].tolist() == idle[:count]
+        return None
     if kind == "push":
         busy = sorted(set(range(NUM_PAGES)) - set(idle))
         pages = [int(p) for p in rng.permutation(busy)[: min(amount, len(busy))]]
@@ -89,7 +96,7 @@ def apply(op: Op, queue: _IdleQueue, model: Model, rng: np.random.Generator) -> 
 
 
 @given(calls=calls, seed=st.integers(0, 2**16))
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=1000, deadline=None)
 def test_the_idle_lru_keeps_the_models_order_through_rollbacks(calls: list[tuple[list[Op], bool]], seed: int) -> None:
     queue, model, rng = _IdleQueue(NUM_PAGES), Model(), np.random.default_rng(seed)
     for call, rolled_back in calls:

@@ -76,6 +76,8 @@ class _IdleQueue:
         self._stamps = np.zeros(size, dtype=np.int64)
         self._head = self._tail = 0
         self._last_stamp = 0
+        self._peeked: tuple[int, tuple[NDArray[np.int32], NDArray[np.int64], int]] | None = None
+        """The last :meth:`oldest` answer, kept until the queue changes (an eviction asks it twice)."""
 
     def live(self) -> NDArray[np.int32]:
         """The idle pages, least recently released first."""
@@ -86,6 +88,7 @@ class _IdleQueue:
     def push(self, pages: NDArray[np.int32]) -> None:
         """Pages (none idle now, each once) become idle, most recently released, in order."""
         count = len(pages)
+        self._peeked = None
         if self._tail + count > len(self._pages):
             self._compact()
         stamps = np.arange(self._last_stamp + 1, self._last_stamp + 1 + count, dtype=np.int64)
@@ -99,6 +102,7 @@ class _IdleQueue:
 
     def take(self, pages: NDArray[np.int32]) -> NDArray[np.int64]:
         """Take idle ``pages`` out; return their stamps, for :meth:`restore`."""
+        self._peeked = None
         stamps = self.stamp_of[pages]
         if not stamps.all():
             msg = f"pages {pages[stamps == 0].tolist()} are not idle"
@@ -109,6 +113,8 @@ class _IdleQueue:
 
     def oldest(self, count: int) -> tuple[NDArray[np.int32], NDArray[np.int64], int]:
         """The ``count`` least recently released idle pages, their stamps and the entry after the last."""
+        if self._peeked is not None and self._peeked[0] == count:
+            return self._peeked[1]
         if count > self.count:
             msg = f"cannot evict {count} of {self.count} idle pages"
             raise KeyError(msg)
@@ -122,11 +128,14 @@ class _IdleQueue:
             assert stop < self._tail, "an idle page has no entry in the LRU"
             window *= 2
         chosen = live[:count]
-        return pages[chosen], stamps[chosen], head + int(chosen[-1]) + 1 if count else head
+        oldest = pages[chosen], stamps[chosen], head + int(chosen[-1]) + 1 if count else head
+        self._peeked = count, oldest
+        return oldest
 
     def take_oldest(self, count: int) -> tuple[NDArray[np.int32], NDArray[np.int64]]:
         """Take the ``count`` least recently released idle pages out; return them and their stamps."""
         pages, stamps, self._head = self.oldest(count)
+        self._peeked = None
         self.stamp_of[pages] = 0
         self.count -= count
         return pages, stamps
@@ -135,6 +144,7 @@ class _IdleQueue:
         """Undo :meth:`take` or :meth:`take_oldest`: the pages are idle again, in their old places."""
         if not len(pages):
             return
+        self._peeked = None
         self.stamp_of[pages] = stamps
         self.count += len(pages)
         kept = self._stamps[self._head : self._tail]

@@ -110,6 +110,7 @@ class _SteadyBatch:
         "any_stop",
         "eos",
         "groups",
+        "growth",
         "id_index",
         "kv_indices",
         "kv_indptr",
@@ -160,6 +161,7 @@ class _SteadyBatch:
         order = np.argsort(offset, kind="stable").astype(np.int32)
         ends = np.cumsum(np.bincount(offset, minlength=size)).tolist()
         self.groups: list[NDArray[np.int32]] = [order[a:b] for a, b in zip([0, *ends[:-1]], ends, strict=True)]
+        self.growth: list[_GroupGrowth | None] = [None] * size  # worked out at a group's first turn
         self.naming = _steady_naming(scheduler, running, self.groups)
         self.step = 0
         # Steps until the first request reaches its length limit (its sampled token then finishes it).
@@ -189,8 +191,25 @@ class _SteadyBatch:
         """
         if self.kv_indices is None:
             return self.running, kv.pages_to_grow(self.running, self.next_start + 1), None
-        starting: Int32Array = self.groups[-self.step % kv.page_size]
-        return self.running[starting], np.ones(len(starting), dtype=np.int64), starting
+        growth = self._growth(kv.page_size)
+        return growth.slots, growth.ones, self.groups[-self.step % kv.page_size]
+
+    def _growth(self, page_size: int) -> _GroupGrowth:
+        """The growth of the group whose turn it is: the same arrays at each of its turns while the batch lasts."""
+        turn = -self.step % page_size
+        growth = self.growth[turn]
+        if growth is None:
+            starting, count = self.groups[turn], len(self.groups[turn])
+            shift = np.zeros(len(self.running) + 1, dtype=np.int32)
+            shift[starting + 1] = 1
+            growth = self.growth[turn] = _GroupGrowth(
+                slots=_frozen(self.running[starting]),
+                ones=np.ones(count, dtype=np.int64),
+                ends=starting + 1,
+                offsets=np.arange(count, dtype=np.int32),
+                shift=np.cumsum(shift, dtype=np.int32),
+            )
+        return growth
 
     def grow_tables(self, kv: PagedKVManager, starting: Int32Array | None, rest: Int32Array) -> Int32Array:
         """The step's ``kv_indices``: the batch's tables, once ``pages_for_step``'s pages are added, then ``rest``.
@@ -203,22 +222,35 @@ class _SteadyBatch:
             out = np.concatenate([head, rest])
         elif len(starting):
             # Each appends one page: the new pages go after their tables' pages, the offsets shift.
+            growth = self._growth(kv.page_size)
             size, count = len(indices), len(starting)
-            at = indptr[starting + 1] + np.arange(count, dtype=np.int32)
+            at = indptr[growth.ends] + growth.offsets
             out = np.empty(size + count + len(rest), dtype=np.int32)
             kept = np.ones(size + count, dtype=bool)
             kept[at] = False
             out[: size + count][kept] = indices
-            out[at] = kv.last_pages(self.running[starting])
+            out[at] = kv.last_pages(growth.slots)
             out[size + count :] = rest
-            shift = np.zeros(len(indptr), dtype=np.int32)
-            shift[starting + 1] = 1
-            indptr = indptr + np.cumsum(shift, dtype=np.int32)
+            indptr = indptr + growth.shift
         else:
             return indices if not len(rest) else _frozen(np.concatenate([indices, rest]))
         _frozen(out)
         self.kv_indptr, self.kv_indices = _frozen(indptr), out[: int(indptr[-1])]
         return out
+
+
+class _GroupGrowth(NamedTuple):
+    """How a steady group's tables grow at its turns: one page each (internal; see :class:`_SteadyBatch`)."""
+
+    slots: Int32Array
+    """The group's tables."""
+    ones: NDArray[np.int64]
+    ends: Int32Array
+    """The ``kv_indptr`` entries where the group's tables end (their places in the batch, plus one)."""
+    offsets: Int32Array
+    """0, 1, ...: the ``k``-th new page lands ``k`` places further on, past the pages inserted before it."""
+    shift: Int32Array
+    """How far each ``kv_indptr`` entry moves: how many of the group's tables end at or before it."""
 
 
 class _GroupNaming(NamedTuple):
