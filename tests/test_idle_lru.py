@@ -46,9 +46,7 @@ class Model:
 
 
 Op = tuple[str, int]
-ops = st.lists(
-    st.tuples(st.sampled_from(["push", "take", "evict", "peek"]), st.integers(0, 3)), min_size=1, max_size=4
-)
+ops = st.lists(st.tuples(st.sampled_from(["push", "take", "evict", "peek"]), st.integers(0, 3)), min_size=1, max_size=4)
 calls = st.lists(st.tuples(ops, st.booleans()), min_size=1, max_size=60)
 
 

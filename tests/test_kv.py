@@ -374,4 +374,4 @@ def test_the_parent_of_each_named_page_is_the_page_before_it(tables: list[tuple[
         for hashes, f, run in zip(page_hashes, first, named, strict=True)
         for i in range(len(run))
     ]
-    assert _parents(page_hashes, first, named, flat).tolist() == expected
+    assert _parents(page_hashes, first, named, np.array(flat, dtype=np.int64)).tolist() == expected

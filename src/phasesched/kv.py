@@ -95,7 +95,7 @@ def _layout(slots: Int32Array, first: Int32Array, count: NDArray[np.integer]) ->
 
 
 def _parents(
-    page_hashes: list[list[int]], first: list[int], named: list[list[int]], hashes: list[int]
+    page_hashes: list[list[int]], first: list[int], named: list[list[int]], hashes: NDArray[np.int64]
 ) -> NDArray[np.int64]:
     """The parents' hashes of the pages ``hashes``: ``named[i]``, table ``i``'s pages from ``first[i]`` on, in turn."""
     parents = np.empty(len(hashes), dtype=np.int64)
@@ -586,7 +586,9 @@ class PagedKVManager:
             lengths = np.fromiter(map(len, named), dtype=np.int64, count=len(named))
             rows, cols = _layout(slots, first, lengths)
             pages = self._table[rows, cols]
-        registered = self._cache.register(pages, hashes, _parents(page_hashes, first.tolist(), named, hashes))
+        array = np.fromiter(hashes, dtype=np.int64, count=len(hashes))  # once, for the parents and the names
+        parents = _parents(page_hashes, first.tolist(), named, array)
+        registered = self._cache.register(pages, hashes, parents, hash_array=array)
         offered = num_pages.astype(np.int32)
         self._hashed[slots] = first + offered
         return Registrations(slots.copy(), offered, registered)

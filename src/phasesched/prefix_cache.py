@@ -272,13 +272,16 @@ class PrefixCache:
         pages: NDArray[np.int32] | Sequence[int],
         hashes: Sequence[int],
         parents: NDArray[np.int64] | Sequence[int] | None = None,
+        *,
+        hash_array: NDArray[np.int64] | None = None,
     ) -> tuple[int, ...]:
         """Name freshly filled pages by their hashes, in order; return those registered.
 
         A page whose hash is already cached, or met earlier in the same call (the same prefix
         computed twice at once), stays unnamed: the first copy is the one later requests share.
         ``parents`` are the hashes of the pages before them in their sequences, when known
-        (:meth:`parents_to_evict` reads them).
+        (:meth:`parents_to_evict` reads them); ``hash_array``, ``hashes`` as an array if the
+        caller made one (converting a list costs about as much as the rest of the call).
         """
         page_of = self._page_of
         if len(pages) != len(hashes):
@@ -293,7 +296,7 @@ class PrefixCache:
             new_pages = tuple(index.tolist())  # the usual case: every page and hash new, named in one C-level update
             page_of.update(zip(hashes, new_pages, strict=True))
             if len(page_of) == size + len(hashes):
-                self._name(index, hashes)
+                self._name(index, hashes if hash_array is None else hash_array)
                 self._set_parents(index, parents)
             else:  # a hash twice in the call: take the update back and name them one by one
                 for value in hashes:
@@ -323,7 +326,7 @@ class PrefixCache:
         """Count an admission's lookup (negative counts undo one)."""
         self._count(queried=queried, hits=hits)
 
-    def _name(self, pages: NDArray[np.integer], hashes: Sequence[int]) -> None:
+    def _name(self, pages: NDArray[np.integer], hashes: Sequence[int] | NDArray[np.int64]) -> None:
         self._hash_of[pages] = hashes
         self._named[pages] = True
         self._num_named += len(pages)

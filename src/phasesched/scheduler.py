@@ -105,6 +105,9 @@ class _SteadyBatch:
     """
 
     __slots__ = (
+        "_arrays",
+        "_nameable",
+        "_naming",
         "all_ids",
         "any_eos",
         "any_stop",
@@ -116,7 +119,6 @@ class _SteadyBatch:
         "kv_indptr",
         "max_start",
         "member",
-        "naming",
         "next_start",
         "ones",
         "plan",
@@ -162,7 +164,9 @@ class _SteadyBatch:
         ends = np.cumsum(np.bincount(offset, minlength=size)).tolist()
         self.groups: list[NDArray[np.int32]] = [order[a:b] for a, b in zip([0, *ends[:-1]], ends, strict=True)]
         self.growth: list[_GroupGrowth | None] = [None] * size  # worked out at a group's first turn
-        self.naming = _steady_naming(scheduler, running, self.groups)
+        self._arrays = arrays
+        self._nameable = _nameable(scheduler, running)
+        self._naming: list[_GroupNaming | None] = [None] * size  # worked out at a group's first turn
         self.step = 0
         # Steps until the first request reaches its length limit (its sampled token then finishes it).
         self.to_length = int((arrays.max_known[running] - known).min())
@@ -210,6 +214,22 @@ class _SteadyBatch:
                 shift=np.cumsum(shift, dtype=np.int32),
             )
         return growth
+
+    def naming(self, turn: int) -> _GroupNaming | None:
+        """How group ``turn`` names the pages it fills (``None``: it names none), worked out at its first turn.
+
+        Mixed steps name their pages as they fill, so a batch that serves only as their core never asks.
+        """
+        if self._nameable is None:
+            return None
+        naming = self._naming[turn]
+        if naming is None:
+            group = self.groups[turn]
+            named = group[self._nameable[group]]
+            slots = _frozen(self.running[named])
+            hashes = [seq.page_hashes for seq in self._arrays.seqs[slots].tolist()]
+            naming = self._naming[turn] = _GroupNaming(named, slots, hashes)
+        return naming
 
     def grow_tables(self, kv: PagedKVManager, starting: Int32Array | None, rest: Int32Array) -> Int32Array:
         """The step's ``kv_indices``: the batch's tables, once ``pages_for_step``'s pages are added, then ``rest``.
@@ -285,10 +305,8 @@ class _Unnamed:
         return self._parents
 
 
-def _steady_naming(
-    scheduler: Scheduler, running: Int32Array, groups: list[NDArray[np.int32]]
-) -> list[_GroupNaming] | None:
-    """Per steady group, the slots whose pages get names as they fill: fixed while the batch lasts.
+def _nameable(scheduler: Scheduler, running: Int32Array) -> NDArray[np.bool_] | None:
+    """Which of a steady batch's slots get their pages named as they fill: fixed while the batch lasts.
 
     ``None`` when no page will be named: the cache is off, or no sequence has token ids to hash
     (a simulation's length-only requests), so the steady steps skip naming altogether.
@@ -300,12 +318,7 @@ def _steady_naming(
     if not np.count_nonzero(nameable):
         return None
     nameable &= kv.names_every_page(running)
-    naming = []
-    for group in groups:
-        named = group[nameable[group]]
-        slots = _frozen(running[named])
-        naming.append(_GroupNaming(named, slots, [seq.page_hashes for seq in arrays.seqs[slots].tolist()]))
-    return naming
+    return nameable
 
 
 @attrs.frozen
@@ -1000,8 +1013,9 @@ class Scheduler:
             elif steady.some_ids:
                 index = steady.id_index
                 arrays.tokens.write(slots[index], kv_len[index], tokens[index])
-            if steady.naming is not None:  # the group that starts a page next step filled its last one now
-                self._defer_naming(steady.naming[-steady.step % self._kv.page_size], kv_len, journal)
+            naming = steady.naming(-steady.step % self._kv.page_size)
+            if naming is not None:  # the group that starts a page next step filled its last one now
+                self._defer_naming(naming, kv_len, journal)
         except BaseException:
             journal.rollback()
             raise
