@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import copy
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -240,6 +242,29 @@ class KVMachine(RuleBasedStateMachine):
             self.content[pages[i]] = tuple(tokens[i * self.PAGE : (i + 1) * self.PAGE])
         self.kv.register(slot, page_hashes(tokens, self.PAGE)[first : first + due])
         self.tokens[slot] = (tokens, want)
+
+    @rule(picked=st.sets(tables, min_size=1, max_size=4))
+    def one_page_each(self, picked: set[int]) -> None:
+        """``extend_each`` does what ``extend_many`` does with one page each; undone, nothing changed."""
+        slots = np.array(sorted(s for s in picked if s in self.tokens), np.int32)
+        if not len(slots):
+            return
+        twin = copy.deepcopy(self.kv)
+        before = (self.kv.num_free_pages, self.kv.idle_cached_pages(), self.kv.refcounts.tolist())
+        counts = self.kv.page_counts[slots]
+        try:
+            evicted = self.kv.extend_each(slots)
+        except OutOfPagesError:
+            assert (self.kv.num_free_pages, self.kv.idle_cached_pages(), self.kv.refcounts.tolist()) == before
+            return
+        twin.extend_many(slots, np.ones(len(slots), np.int64))
+        for kv in (self.kv, twin):
+            kv.check_invariants()
+        assert [self.kv.pages(int(s)).tolist() for s in slots] == [twin.pages(int(s)).tolist() for s in slots]
+        assert (self.kv.idle_cached_pages(), self.kv.cache_stats) == (twin.idle_cached_pages(), twin.cache_stats)
+        self.kv.retract(slots, counts)
+        self.kv.unevict(evicted)
+        assert (self.kv.num_free_pages, self.kv.idle_cached_pages(), self.kv.refcounts.tolist()) == before
 
     @rule(slot=tables, extra=st.integers(1, 30))
     def undone_growth(self, slot: int, extra: int) -> None:

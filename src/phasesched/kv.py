@@ -375,6 +375,22 @@ class PagedKVManager:
         self._count[slots] = new_counts.astype(np.int32)
         return evicted
 
+    def extend_each(self, slots: Int32Array) -> Evicted | None:
+        """:meth:`extend_many` with one page for each of ``slots``: decodes crossing a page boundary."""
+        total = len(slots)
+        if total > self.num_free_pages:
+            raise OutOfPagesError(total, self.num_free_pages)
+        counts = self._count[slots]
+        self._ensure_width(int(counts.max(initial=0)) + 1)
+        evicted = self._evict(total - self._num_free) if total > self._num_free else None
+        top = self._num_free
+        fresh = self._free[top - total : top][::-1]
+        self._num_free -= total
+        self._refcount[fresh] = 1
+        self._table[slots, counts] = fresh
+        self._count[slots] = counts + 1
+        return evicted
+
     def retract(self, slots: Int32Array, num_pages: Int32Array) -> None:
         """Shrink table ``slots[i]`` back to its first ``num_pages[i]`` pages (undoes :meth:`extend_many`).
 

@@ -654,7 +654,10 @@ class Scheduler:
             grown, new_pages, starting = steady.pages_for_step(kv)
             if (len(grown) if starting is not None else int(new_pages.sum())) > kv.num_free_pages:
                 return None  # the policy would preempt: let it
-            self._extend(grown, new_pages, journal)
+            if starting is None:  # the batch's first step: whatever its tables lack
+                self._extend(grown, new_pages, journal)
+            else:  # a group's turn: one page each
+                self._extend(grown, None, journal, len(grown))
             steady.grow_tables(kv, starting, _NO_SLOTS)
         steady.step += 1
         kv_len = start + 1
@@ -1745,14 +1748,19 @@ class Scheduler:
         self._carried_preempted = []
         return plan
 
-    def _extend(self, slots: Int32Array, num_pages: NDArray[np.int64], journal: Journal) -> None:
-        if not np.count_nonzero(num_pages):  # most decode steps cross no page boundary
+    def _extend(
+        self, slots: Int32Array, num_pages: NDArray[np.int64] | None, journal: Journal, total: int | None = None
+    ) -> None:
+        """Grow table ``slots[i]`` by ``num_pages[i]`` pages (``None``: one each, ``total`` of them)."""
+        if total is None:
+            assert num_pages is not None
+            total = int(num_pages.sum())
+        if not total:  # most decode steps cross no page boundary
             return
-        total = int(num_pages.sum())
         if self._unnamed and self._kv.evicts_for(total) and self._pending_meet(self._kv.parents_to_evict(total)):
             self._name_pending()  # a pending page must meet its hash cached, as it would have when it filled
         counts = self._kv.page_counts[slots]  # a copy (fancy indexing), for the undo
-        evicted = self._kv.extend_many(slots, num_pages)
+        evicted = self._kv.extend_each(slots) if num_pages is None else self._kv.extend_many(slots, num_pages)
 
         def undo() -> None:
             self._kv.retract(slots, counts)
