@@ -400,3 +400,31 @@ def test_the_parent_of_each_named_page_is_the_page_before_it(tables: list[tuple[
         for i in range(len(run))
     ]
     assert _parents(page_hashes, first, named, np.array(flat, dtype=np.int64)).tolist() == expected
+
+
+token_ops = st.lists(
+    st.one_of(
+        st.tuples(st.just("load"), st.integers(0, 40), st.lists(st.integers(0, 99), max_size=300)),
+        st.tuples(st.just("write"), st.integers(0, 40), st.integers(0, 700)),
+    ),
+    max_size=30,
+)
+
+
+@given(ops=token_ops)
+def test_the_token_buffer_keeps_every_row_through_growth(ops: list[tuple[str, int, object]]) -> None:
+    """Loads and writes that widen and lengthen the buffer keep every row (growth copies only the written part)."""
+    buffer, rows = TokenBuffer(), dict[int, list[int]]()
+    for kind, slot, arg in ops:
+        if kind == "load":
+            assert isinstance(arg, list)
+            buffer.load(slot, tuple(arg), [])
+            rows[slot] = list(arg)
+        elif slot in rows:  # a row is written only once loaded, one token past its end
+            assert isinstance(arg, int)
+            token = arg % 100
+            position = len(rows[slot]) + arg // 100  # past the end: the gap reads as whatever was there
+            buffer.write(np.array([slot], np.int32), np.array([position], np.int32), np.array([token], np.int32))
+            rows[slot] = rows[slot] + [int(buffer.ids[slot, p]) for p in range(len(rows[slot]), position)] + [token]
+        for held, tokens in rows.items():
+            assert buffer.row(held, 0, len(tokens)) == tokens
