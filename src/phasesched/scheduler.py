@@ -1872,8 +1872,8 @@ class Scheduler:
         Naming a page asks whether its hash is cached, and evicting pages whose hashes no pending
         page has changes no answer, so pending pages can wait past the eviction. Equal hashes
         mean equal prefixes, so equal parents' hashes (the prefix before the page): pages whose
-        parents differ cannot share a hash (but for a hash collision, which sharing KV already
-        rules out). ``None``: some parent is not known.
+        parents differ cannot share a hash, barring a hash collision, which sharing cached KV
+        by hash already assumes away (see :mod:`phasesched.prefix`). ``None``: a parent is unknown.
         """
         if evicted_parents is None:
             return True
