@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import copy
-
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -245,26 +243,30 @@ class KVMachine(RuleBasedStateMachine):
 
     @rule(picked=st.sets(tables, min_size=1, max_size=4))
     def one_page_each(self, picked: set[int]) -> None:
-        """``extend_each`` does what ``extend_many`` does with one page each; undone, nothing changed."""
-        slots = np.array(sorted(s for s in picked if s in self.tokens), np.int32)
+        """``extend_each`` adds a page to each table, free ones first, then the oldest idle; undone, nothing changed."""
+        kv, slots = self.kv, np.array(sorted(s for s in picked if s in self.tokens), np.int32)
         if not len(slots):
             return
-        twin = copy.deepcopy(self.kv)
-        before = (self.kv.num_free_pages, self.kv.idle_cached_pages(), self.kv.refcounts.tolist())
-        counts = self.kv.page_counts[slots]
+        idle, evictions = kv.idle_cached_pages(), kv.cache_stats.evictions
+        free = set(range(kv.num_pages)) - set(np.flatnonzero(kv.refcounts).tolist()) - set(idle)
+        before = (kv.num_free_pages, idle, kv.refcounts.tolist())
+        counts = kv.page_counts[slots]
         try:
-            evicted = self.kv.extend_each(slots)
+            evicted = kv.extend_each(slots)
         except OutOfPagesError:
-            assert (self.kv.num_free_pages, self.kv.idle_cached_pages(), self.kv.refcounts.tolist()) == before
+            assert (kv.num_free_pages, kv.idle_cached_pages(), kv.refcounts.tolist()) == before
             return
-        twin.extend_many(slots, np.ones(len(slots), np.int64))
-        for kv in (self.kv, twin):
-            kv.check_invariants()
-        assert [self.kv.pages(int(s)).tolist() for s in slots] == [twin.pages(int(s)).tolist() for s in slots]
-        assert (self.kv.idle_cached_pages(), self.kv.cache_stats) == (twin.idle_cached_pages(), twin.cache_stats)
-        self.kv.retract(slots, counts)
-        self.kv.unevict(evicted)
-        assert (self.kv.num_free_pages, self.kv.idle_cached_pages(), self.kv.refcounts.tolist()) == before
+        kv.check_invariants()
+        assert kv.page_counts[slots].tolist() == (counts + 1).tolist()
+        new = [int(kv.pages(int(s))[-1]) for s in slots]
+        assert len(set(new)) == len(new)
+        assert all(kv.refcounts[p] == 1 for p in new)
+        oldest = idle[: max(len(new) - len(free), 0)]
+        assert set(new) == set(oldest) | (set(new) & free)
+        assert (kv.idle_cached_pages(), kv.cache_stats.evictions) == (idle[len(oldest) :], evictions + len(oldest))
+        kv.retract(slots, counts)
+        kv.unevict(evicted)
+        assert (kv.num_free_pages, kv.idle_cached_pages(), kv.refcounts.tolist()) == before
 
     @rule(slot=tables, extra=st.integers(1, 30))
     def undone_growth(self, slot: int, extra: int) -> None:

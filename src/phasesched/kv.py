@@ -355,41 +355,41 @@ class PagedKVManager:
         total = int(num_pages.sum())
         if total == 0:
             return None
-        if total > self.num_free_pages:
-            raise OutOfPagesError(total, self.num_free_pages)
-        evicted = self._evict(total - self._num_free) if total > self._num_free else None
         growing = num_pages > 0
         slots, need = slots[growing], num_pages[growing]
-        new_counts = self._count[slots] + need
-        self._ensure_width(int(new_counts.max()))
-        top = self._num_free
-        fresh = self._free[top - total : top][::-1]
-        self._num_free -= total
-        self._refcount[fresh] = 1
-        # Write each slot's new pages into the columns after its current last page.
         if total == len(slots):  # one page each: the common case of decodes crossing a boundary
-            self._table[slots, self._count[slots]] = fresh
-        else:
-            rows, cols = _layout(slots, self._count[slots], need)
-            self._table[rows, cols] = fresh
-        self._count[slots] = new_counts.astype(np.int32)
+            return self.extend_each(slots)
+        counts = self._count[slots]
+        fresh, evicted = self._take_fresh(total, int((counts + need).max()))
+        rows, cols = _layout(slots, counts, need)  # each slot's new pages go after its last one
+        self._table[rows, cols] = fresh
+        self._count[slots] = counts + need.astype(np.int32)
         return evicted
 
     def extend_each(self, slots: Int32Array) -> Evicted | None:
         """:meth:`extend_many` with one page for each of ``slots``: decodes crossing a page boundary."""
-        total = len(slots)
+        counts = self._count[slots]
+        fresh, evicted = self._take_fresh(len(slots), int(counts.max(initial=0)) + 1)
+        self._table[slots, counts] = fresh
+        self._count[slots] = counts + 1
+        return evicted
+
+    def _take_fresh(self, total: int, width: int) -> tuple[Int32Array, Evicted | None]:
+        """``total`` fresh pages, referenced once, for tables of up to ``width`` pages; and what was evicted.
+
+        Raises:
+            OutOfPagesError: Too few free pages; nothing was taken.
+
+        """
         if total > self.num_free_pages:
             raise OutOfPagesError(total, self.num_free_pages)
-        counts = self._count[slots]
-        self._ensure_width(int(counts.max(initial=0)) + 1)
+        self._ensure_width(width)  # before evicting: the only step here that can fail (memory)
         evicted = self._evict(total - self._num_free) if total > self._num_free else None
         top = self._num_free
         fresh = self._free[top - total : top][::-1]
         self._num_free -= total
         self._refcount[fresh] = 1
-        self._table[slots, counts] = fresh
-        self._count[slots] = counts + 1
-        return evicted
+        return fresh, evicted
 
     def retract(self, slots: Int32Array, num_pages: Int32Array) -> None:
         """Shrink table ``slots[i]`` back to its first ``num_pages[i]`` pages (undoes :meth:`extend_many`).
