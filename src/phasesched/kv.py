@@ -561,22 +561,18 @@ class PagedKVManager:
         """Only table ``slot``'s first ``num_pages`` pages can ever be named (its content is unknown past them)."""
         self._nameable[slot] = min(num_pages, INT32_MAX)
 
-    def register(
-        self, slot: int, hashes: list[int], num_pages: int | None = None, *, parent: int | None = None
-    ) -> Registration:
+    def register(self, slot: int, hashes: list[int], num_pages: int | None = None) -> Registration:
         """Offer table ``slot``'s next ``num_pages`` full pages to the cache (all of ``hashes`` by default).
 
         The first ``len(hashes)`` of them are named by ``hashes``, in order; the rest have no
-        known content (a length-only request's generated tokens) and stay unnamed. ``parent``
-        is the hash of the table's page before them, when they are not its first.
+        known content (a length-only request's generated tokens) and stay unnamed. Their
+        parents are known only from the table's first page on (see :meth:`parents_to_evict`).
         """
         assert self._cache is not None
         first = int(self._hashed[slot])
         offered = len(hashes) if num_pages is None else num_pages
         hashes = hashes[:offered]
-        if parent is None and first == 0:
-            parent = ROOT_HASH
-        parents = None if parent is None or not hashes else [parent, *hashes[:-1]]
+        parents = [ROOT_HASH, *hashes[:-1]] if first == 0 and hashes else None
         registered = self._cache.register(self._table[slot, first : first + len(hashes)], hashes, parents)
         self._hashed[slot] = first + offered
         return Registration(slot, offered, registered)
@@ -612,7 +608,7 @@ class PagedKVManager:
     def parents_to_evict(self, num_pages: int) -> set[int] | None:
         """The parents' hashes of the idle pages that handing out ``num_pages`` more pages now would evict.
 
-        ``None`` when some are not known (pages offered by :meth:`register` without their parent).
+        ``None`` when some are not known (pages :meth:`register` offered past a table's first).
         """
         assert self._cache is not None
         return self._cache.parents_to_evict(num_pages - self._num_free)

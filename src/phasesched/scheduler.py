@@ -657,7 +657,7 @@ class Scheduler:
             if starting is None:  # the batch's first step: whatever its tables lack
                 self._extend(grown, new_pages, journal)
             else:  # a group's turn: one page each
-                self._extend(grown, None, journal, len(grown))
+                self._extend(grown, None, journal)
             steady.grow_tables(kv, starting, _NO_SLOTS)
         steady.step += 1
         kv_len = start + 1
@@ -1748,13 +1748,9 @@ class Scheduler:
         self._carried_preempted = []
         return plan
 
-    def _extend(
-        self, slots: Int32Array, num_pages: NDArray[np.int64] | None, journal: Journal, total: int | None = None
-    ) -> None:
-        """Grow table ``slots[i]`` by ``num_pages[i]`` pages (``None``: one each, ``total`` of them)."""
-        if total is None:
-            assert num_pages is not None
-            total = int(num_pages.sum())
+    def _extend(self, slots: Int32Array, num_pages: NDArray[np.int64] | None, journal: Journal) -> None:
+        """Grow table ``slots[i]`` by ``num_pages[i]`` pages (``None``: one page each)."""
+        total = len(slots) if num_pages is None else int(num_pages.sum())
         if not total:  # most decode steps cross no page boundary
             return
         if self._unnamed and self._kv.evicts_for(total) and self._pending_meet(self._kv.parents_to_evict(total)):
@@ -1846,8 +1842,7 @@ class Scheduler:
         has_ids = self._arrays.has_ids[slots]
         last_only = has_ids & (known == full - 1)  # decodes: one page of generated tokens filled
         if last_only.all() and (due == 1).all():  # the steady decode step: one page each, all new
-            parents = [hashes[-1] if hashes else ROOT_HASH for hashes in lists]
-            self._hash_last_pages(slots, full, lists, journal)
+            parents = self._hash_last_pages(slots, full, lists, journal)
             registrations = kv.register_next(slots, [hashes[-1] for hashes in lists], parents)
         else:
             if last_only.any():
@@ -1900,8 +1895,7 @@ class Scheduler:
         try:
             if self._kv.offers_next(slots, full - 1):  # distinct tables, each one page on: one batch
                 lists = [hashes for pending in entries for hashes in pending.naming.hashes]
-                parents = [hashes[-1] if hashes else ROOT_HASH for hashes in lists]
-                self._hash_last_pages(slots, full, lists, journal)
+                parents = self._hash_last_pages(slots, full, lists, journal)
                 self._kv.register_next(slots, [hashes[-1] for hashes in lists], parents)
             else:  # not where the steady batch expected: the general way, step by step
                 for pending in entries:
@@ -1911,12 +1905,20 @@ class Scheduler:
             raise
         entries.clear()
 
-    def _hash_last_pages(self, slots: Int32Array, full: Int32Array, lists: list[list[int]], journal: Journal) -> None:
-        """Hash page ``full[i] - 1`` of each slot, the one its tokens just filled (its earlier ones are hashed)."""
+    def _hash_last_pages(
+        self, slots: Int32Array, full: Int32Array, lists: list[list[int]], journal: Journal
+    ) -> list[int]:
+        """Hash page ``full[i] - 1`` of each slot, the one its tokens just filled (its earlier ones are hashed).
+
+        Returns:
+            The hashes of the pages before them (their parents, for the cache).
+        """
         contents = self._arrays.tokens.pages(slots, full - 1, self._kv.page_size)
-        for hashes, page in zip(lists, contents, strict=True):
-            hashes.append(hash((hashes[-1] if hashes else ROOT_HASH, page)))
+        parents = [hashes[-1] if hashes else ROOT_HASH for hashes in lists]
+        for hashes, parent, page in zip(lists, parents, contents, strict=True):
+            hashes.append(hash((parent, page)))
         journal.record(functools.partial(self._pop_hashes, lists))
+        return parents
 
     def _hash_filled_pages(self, slots: Int32Array, full: Int32Array, lists: list[list[int]], journal: Journal) -> None:
         """Extend the page hashes of slots whose filled pages hold several generated ones not yet hashed."""
