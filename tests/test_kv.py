@@ -7,6 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import Bundle, RuleBasedStateMachine, consumes, invariant, precondition, rule
+from numpy.typing import NDArray
 
 from phasesched import (
     KVView,
@@ -413,19 +414,32 @@ token_ops = st.lists(
 )
 
 
-@given(ops=token_ops)
-def test_the_token_buffer_keeps_every_row_through_growth(ops: list[tuple[str, int, object]]) -> None:
-    """Loads and writes that widen and lengthen the buffer keep every row (growth copies only the written part)."""
-    buffer, rows = TokenBuffer(), dict[int, list[int]]()
+@given(ops=token_ops, told_lengths=st.booleans())
+def test_the_token_buffer_keeps_every_row_through_growth(
+    ops: list[tuple[str, int, object]], told_lengths: bool
+) -> None:
+    """Loads and writes that widen and lengthen the buffer keep every row.
+
+    Growth copies only the columns written, or, told each row's length (raised before a write,
+    as the scheduler raises ``known``), only each row's own tokens.
+    """
+    rows, lengths = dict[int, list[int]](), dict[int, int]()
+
+    def row_lengths(count: int) -> NDArray[np.int64]:
+        return np.array([lengths.get(row, 0) for row in range(count)], dtype=np.int64)
+
+    buffer = TokenBuffer(row_lengths if told_lengths else None)
     for kind, slot, arg in ops:
         if kind == "load":
             assert isinstance(arg, list)
+            lengths[slot] = len(arg)
             buffer.load(slot, tuple(arg), [])
             rows[slot] = list(arg)
         elif slot in rows:  # a row is written only once loaded, one token past its end
             assert isinstance(arg, int)
             token = arg % 100
             position = len(rows[slot]) + arg // 100  # past the end: the gap reads as whatever was there
+            lengths[slot] = position + 1
             buffer.write(np.array([slot], np.int32), np.array([position], np.int32), np.array([token], np.int32))
             rows[slot] = rows[slot] + [int(buffer.ids[slot, p]) for p in range(len(rows[slot]), position)] + [token]
         for held, tokens in rows.items():
