@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from unittest import mock
 
 import attrs
 import numpy as np
@@ -33,6 +34,7 @@ from phasesched.sim import (
     simulate,
     synthetic,
 )
+from phasesched.sim import simulator as simulator_module
 
 ROOFLINE = RooflineCostModel.from_names("H200", "llama-3-8b")
 
@@ -458,6 +460,24 @@ def test_a_late_first_token_counts_as_missed_before_its_request_finishes() -> No
 def _same(a: dict[str, float], b: dict[str, float]) -> bool:
     """Equal results, NaN equal to NaN."""
     return a.keys() == b.keys() and all(a[k] == b[k] or (math.isnan(a[k]) and math.isnan(b[k])) for k in a)
+
+
+@given(scenarios())
+@settings(deadline=None, max_examples=30, suppress_health_check=[HealthCheck.too_slow])
+def test_skipping_the_empty_steps_of_idle_workers_changes_no_record(options: dict[str, object]) -> None:
+    """A worker with nothing running or waiting is not asked to plan: the results are those of asking it."""
+    skipping = simulate(keep_requests=True, keep_gaps=True, **options).metrics  # type: ignore[arg-type]
+    with mock.patch.object(simulator_module, "_has_nothing_to_run", return_value=False):
+        asking = simulate(keep_requests=True, keep_gaps=True, **options).metrics  # type: ignore[arg-type]
+    assert repr(sorted(skipping.values.items())) == repr(sorted(asking.values.items()))
+    assert skipping.requests is not None
+    assert asking.requests is not None
+    by_id = {record.request_id: repr(record) for record in asking.requests}  # repr: a NaN TPOT equals itself
+    assert {record.request_id: repr(record) for record in skipping.requests} == by_id
+    assert skipping.gaps is not None
+    assert asking.gaps is not None
+    assert skipping.gaps.end_s.tolist() == asking.gaps.end_s.tolist()
+    assert skipping.gaps.gap_s.tolist() == asking.gaps.gap_s.tolist()
 
 
 @st.composite

@@ -364,6 +364,8 @@ class Simulator:
         # Decode workers first: their admissions let go of held KV, which prefill workers
         # starting at the same instant must see, whatever order the events came in.
         for worker in sorted(workers, key=lambda w: w.role is not Role.DECODE):
+            if not worker.busy and _has_nothing_to_run(worker.scheduler):
+                continue  # its plan would be empty (a prefill worker whose last request went to transfer)
             run = None if worker.busy or not self.fast_forward else self._fast_run(worker)
             if run is not None:
                 runs.append((worker, run))
@@ -373,7 +375,7 @@ class Simulator:
         while self._unheld:  # prefill workers take no decode runs, and their steps let go of nothing
             unheld, self._unheld = self._unheld, {}
             for worker in unheld.values():
-                if not worker.busy and worker.index not in with_runs:
+                if not worker.busy and worker.index not in with_runs and not _has_nothing_to_run(worker.scheduler):
                     self._start_step(worker, now)
         self._take_runs(runs, now)
 
@@ -702,6 +704,15 @@ def _cache_tokens(workers: Iterable[_Worker]) -> CacheStats:
         for name in totals:
             totals[name] += getattr(kv.cache_stats, name) * kv.page_size
     return CacheStats(**totals)
+
+
+def _has_nothing_to_run(scheduler: Scheduler) -> bool:
+    """Whether no request runs or waits there, so its next plan is empty whatever the policy.
+
+    An empty step takes no time and changes nothing the run measures; skipping it spares a
+    policy call, a plan and an update (half the steps a disaggregated prefill worker planned).
+    """
+    return not scheduler.num_running and not scheduler.num_waiting
 
 
 def simulate(
