@@ -4,7 +4,8 @@ Each worker owns a :class:`~phasesched.Scheduler` (the same code an engine runs)
 model. Events are kept in a heap keyed by ``(time, sequence)``: arrivals, step ends, transfers
 finishing on the KV link and KV landing on a decode worker. All events at one instant are
 handled before any idle worker starts its next step, so a request arriving exactly at a step
-boundary joins that step, whichever event was queued first.
+boundary joins that step, whichever event was queued first. A worker with no request running or
+waiting is not asked for a step at all: its plan would be empty, and take no time.
 
 Aggregated runs have ``replicas`` workers that prefill and decode. Disaggregated runs have a
 prefill pool and a decode pool: a prefill worker computes the prompt (its sampled token is not
@@ -407,7 +408,7 @@ class Simulator:
         return scheduler.decode_run(self.max_decode_run) or scheduler.chunk_run(self.max_decode_run)
 
     def _start_step(self, worker: _Worker, now: float) -> None:
-        """Schedule and price one step of ``worker`` (an idle step when it has nothing to run)."""
+        """Schedule and price one step of ``worker`` (an idle one when nobody it holds can run now)."""
         plan = worker.scheduler.schedule(now)
         if worker.role is Role.DECODE:
             for request in plan.new_requests:  # its KV now has pages here: the prefill worker lets go
