@@ -132,8 +132,8 @@ def _top(profiler: cProfile.Profile, order: str, top: int) -> str:
 
 def print_table(rows: list[dict[str, object]]) -> None:
     header = (
-        f"{'case':<16}{'policy':<9}{'requests':>10}{'CPU s':>9}{'ms/req':>8}{'wall s':>9}"
-        f"{'steps':>10}{'ff steps':>10}{'TTFT p50 s':>11}{'ITL p99 ms':>11}"
+        f"{'case':<16}{'policy':<9}{'requests':>10}{'CPU s':>9}{'ms/req':>8}{'wall s':>10}"
+        f"{'steps':>12}{'ff steps':>12}{'TTFT p50 s':>11}{'ITL p99 ms':>11}"
     )
     print(DEPLOYMENT.describe())
     print(header)
@@ -142,7 +142,7 @@ def print_table(rows: list[dict[str, object]]) -> None:
         flag = " (profiled)" if r["profiled"] else ""
         print(
             f"{r['case']:<16}{r['policy']:<9}{r['requests']:>10,}{r['cpu_s']:>9.2f}{r['cpu_ms_per_request']:>8.3f}"
-            f"{r['wall_s']:>9.2f}{r['steps']:>10,}{r['fast_forwarded_steps']:>10,}"
+            f"{r['wall_s']:>10.2f}{r['steps']:>12,}{r['fast_forwarded_steps']:>12,}"
             f"{r['median_ttft_ms'] / 1000:>11.1f}{r['p99_itl_ms']:>11.1f}{flag}"
         )
 
