@@ -272,7 +272,10 @@ def profiler(setup: Setup, executor: CoreShare) -> Profiler:
     10-30% over seconds (even with a core to itself: probably other processes evicting its
     weights from the shared L3), so back-to-back repeats land in one regime and their median
     keeps it; passes spread over the whole benchmark sample many. The decode-only points are
-    most of the real steps yet cost a second in all, hence their revisits.
+    most of the real steps yet cost a second in all, hence their revisits. Each visit of a
+    decode-only point is timed after the profiler's ``decode_settle`` untimed runs: reached right
+    after a larger step, this model's decodes ran 40% slower for two steps (and the profile's
+    decodes 30% above the real runs' when they were timed at once).
     """
     return Profiler(
         executor,

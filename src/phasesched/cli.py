@@ -288,6 +288,13 @@ def _add_profile(commands: Any) -> None:
         help="passes over the grid (median over all runs; with 2+, decode-only steps are retimed between "
         "prefill sizes and the run-to-run spread is recorded)",
     )
+    profile.add_argument(
+        "--decode-settle",
+        type=int,
+        default=4,
+        help="untimed runs of a decode-only step before each time it is timed (default 4: right after a "
+        "larger step, small decode steps can run slower for a few steps)",
+    )
     profile.add_argument("--seed", type=int, default=0, help="seed of weights and token ids")
     profile.add_argument("--quiet", action="store_true", help="no progress bar")
     profile.set_defaults(handler=_profile, subparser=profile)
@@ -463,7 +470,14 @@ def _profile(args: argparse.Namespace) -> int:
     grid = _profile_grid(args)
     num_pages = args.num_pages or grid.max_pages(args.page_size)
     executor, options = _executor(args, num_pages)
-    profiler = Profiler(executor, num_pages=num_pages, page_size=args.page_size, grid=grid, seed=args.seed)
+    profiler = Profiler(
+        executor,
+        num_pages=num_pages,
+        page_size=args.page_size,
+        grid=grid,
+        seed=args.seed,
+        decode_settle=args.decode_settle,
+    )
     with TerminalUI(quiet=args.quiet) as ui:
         for number in range(1, args.passes + 1):
             profiler.run_pass(

@@ -25,6 +25,7 @@ from phasesched.costmodel import (
     step_features,
     write_profile_csv,
 )
+from phasesched.errors import InvalidArgumentError
 
 
 def plan_law(plan: StepPlan) -> float:
@@ -91,20 +92,20 @@ class TestProfileExecutor:
     def test_median_of_timed_runs_after_warmup(self) -> None:
         """Warm-up runs are discarded and the median of the timed ones recorded."""
         durations = itertools.cycle([100.0, 3.0, 1.0, 2.0])
-        points = profile(TimedExecutor(law=lambda plan: next(durations)), repeats=3, warmup=1)
+        points = profile(TimedExecutor(law=lambda plan: next(durations)), repeats=3, warmup=1, decode_settle=0)
         assert {p.step_time_s for p in points} == {2.0}
 
     def test_coinciding_steps_are_measured_once(self) -> None:
         """Points whose steps coincide (prefix without prefill, context without decodes) share one measurement."""
         executor = TimedExecutor()
-        points = profile(executor, repeats=2, warmup=1)
+        points = profile(executor, repeats=2, warmup=1, decode_settle=0)
         assert len(points) == 36
         assert len(executor.plans) == 25 * 3  # 5 distinct prefill shapes x 5 distinct decode shapes
 
     def test_requests_are_announced_then_released(self) -> None:
         """A point's first plan announces its requests; the next point's first plan releases them."""
         executor = TimedExecutor()
-        profile(executor, repeats=2, warmup=0)
+        profile(executor, repeats=2, warmup=0, decode_settle=0)
         plans = executor.plans
         assert [p.step_id for p in plans] == list(range(len(plans)))
         firsts = plans[::2]
@@ -221,7 +222,7 @@ class TestProfiler:
         """Each pass adds one run per step; the points hold the median over all passes."""
         durations = itertools.cycle([1.0, 5.0, 3.0])
         executor = TimedExecutor(law=lambda plan: next(durations))
-        profiler = Profiler(executor, num_pages=128, page_size=4)
+        profiler = Profiler(executor, num_pages=128, page_size=4, decode_settle=0)
         for _ in range(3):
             profiler.run_pass()
         assert profiler.passes == 3
@@ -230,22 +231,56 @@ class TestProfiler:
         # 25 steps a pass: step i gets durations i, i + 25, i + 50 of the cycle, a permutation of 1, 5, 3.
         assert {p.step_time_s for p in profiler.points()} == {3.0}
 
-    def test_revisit_decodes(self) -> None:
-        """With revisit_decodes the decode-only steps run again after each prefill size, unwarmed."""
+    @pytest.mark.parametrize("settle", [0, 3])
+    def test_revisit_decodes(self, settle: int) -> None:
+        """With revisit_decodes the decode-only steps run again after each prefill size, settled first."""
         executor = TimedExecutor()
-        profiler = Profiler(executor, num_pages=128, page_size=4)
+        profiler = Profiler(executor, num_pages=128, page_size=4, decode_settle=settle)
         profiler.run_pass(warmup=1, revisit_decodes=True)
         runs = profiler.runs()
         decode_only = [step for step in runs if step[0] == 0]
         assert len(decode_only) == 5
         assert all(len(runs[step]) == 3 for step in decode_only)  # prefill sizes (16, 64): two revisits
         assert all(len(runs[step]) == 1 for step in runs if step[0])
-        assert len(executor.plans) == 25 * 2 + 5 * 2  # every step warmed once, then the revisits
+        # Every step warmed once, then the revisits; the four decode-only steps (not the empty
+        # one) settled at every visit: max(warmup, settle) untimed runs the first time, settle after.
+        untimed = 20 * 1 + 4 * max(1, settle) + 1 + 2 * 4 * settle
+        assert len(executor.plans) == 25 + 5 * 2 + untimed
+
+    def test_decode_only_steps_are_timed_once_settled(self) -> None:
+        """Decodes that run slower for a few steps after a prefill are profiled at their steady time."""
+        slow_for = 3
+        since_prefill = 0
+
+        def law(plan: StepPlan) -> float:
+            nonlocal since_prefill
+            if not plan.is_decode.all():
+                since_prefill = 0
+                return 1.0
+            since_prefill += 1
+            return 2.0 if since_prefill <= slow_for else 1.0
+
+        settled = Profiler(TimedExecutor(law=law), num_pages=128, page_size=4, decode_settle=slow_for)
+        unsettled = Profiler(TimedExecutor(law=law), num_pages=128, page_size=4, decode_settle=0)
+        for profiler in (settled, unsettled):
+            for _ in range(2):
+                profiler.run_pass(revisit_decodes=True)
+        assert {p.step_time_s for p in settled.points() if p.decode_seqs and not p.prefill_tokens} == {1.0}
+        assert 2.0 in {p.step_time_s for p in unsettled.points() if p.decode_seqs and not p.prefill_tokens}
+        assert settled.metadata()["decode_settle"] == "3"
+
+    def test_rejects_a_bad_decode_settle(self) -> None:
+        """decode_settle is a count of runs."""
+        for bad in (-1, 1.5, True):
+            with pytest.raises(InvalidArgumentError, match="decode_settle"):
+                Profiler(TimedExecutor(), num_pages=128, page_size=4, decode_settle=bad)  # type: ignore[arg-type]
 
     def test_spread_is_the_run_to_run_floor(self) -> None:
         """Two runs of 1.0 and 1.5: |a - b| / b is 0.5 one way and 1/3 the other; a steady executor has none."""
         durations = itertools.cycle([1.0] * 25 + [1.5] * 25)
-        profiler = Profiler(TimedExecutor(law=lambda plan: next(durations)), num_pages=128, page_size=4)
+        profiler = Profiler(
+            TimedExecutor(law=lambda plan: next(durations)), num_pages=128, page_size=4, decode_settle=0
+        )
         assert np.isnan(profiler.spread())
         profiler.run_pass()
         profiler.run_pass()

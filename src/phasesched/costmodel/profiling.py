@@ -210,6 +210,12 @@ def _duration(executor: Executor, plan: StepPlan) -> float:
     return float(result.duration_s)
 
 
+def _check_settle(value: object) -> None:
+    if type(value) is not int or value < 0:
+        msg = f"decode_settle must be an int >= 0, got {value!r}"
+        raise InvalidArgumentError(msg)
+
+
 def _check_runs(repeats: int, warmup: int) -> None:
     if repeats < 1 or warmup < 0:
         msg = f"need repeats >= 1 and warmup >= 0, got {repeats} and {warmup}"
@@ -241,6 +247,13 @@ class Profiler:
         decode_batching: How the executor batches decodes, recorded with the profile; ``None``:
             what the executor declares (:class:`~phasesched.costmodel.batching.DeclaresDecodeBatching`),
             or ragged (the mean context) if it declares nothing.
+        decode_settle: Untimed runs of a decode-only step before each time it is timed (on top
+            of ``warmup``, not added to it). Serving runs decodes in long stretches, but a pass
+            reaches each decode-only step right after a larger one, and on a CPU the torch
+            executor's small decode steps then ran 40% slower for a step or two and about 8%
+            for the third and fourth (caches and the allocator refilling), which put the
+            profile's decodes 30% above the real ones. After four untimed runs they are within
+            about 5% of their steady time; a GPU's decode steps cost little to repeat.
 
     Raises:
         ProfilingError: The grid needs more pages than ``num_pages``.
@@ -262,6 +275,7 @@ class Profiler:
     vocab_size: int = 256
     seed: int = 0
     decode_batching: DecodeBatching | None = None
+    decode_settle: int = attrs.field(default=4, kw_only=True, validator=lambda _, __, value: _check_settle(value))
     passes: int = attrs.field(default=0, init=False)
     _runs: dict[_Shape, list[float]] = attrs.field(factory=dict, init=False)
     _session: _Session = attrs.field(init=False)
@@ -294,9 +308,10 @@ class Profiler:
         Args:
             repeats: Timed runs of each step, back to back.
             warmup: Untimed runs of each step before them (allocator, kernel selection, caches).
+                A decode-only step gets at least ``decode_settle`` at every visit.
             revisit_decodes: Also time the decode-only steps again after each prefill size
-                (without warm-up), so the steps most of a serving run consists of are sampled
-                across the whole pass rather than at its start only.
+                (with ``decode_settle`` untimed runs only), so the steps most of a serving run
+                consists of are sampled across the whole pass rather than at its start only.
             progress: Called with ``(steps done, steps in the pass)`` after each step.
 
         Raises:
@@ -316,7 +331,10 @@ class Profiler:
             )
         ]
         for done, (step, first) in enumerate(steps, start=1):
-            times = self._session.measure(step, repeats=repeats, warmup=warmup if first else 0)
+            untimed = warmup if first else 0
+            if not step[0] and step[2]:  # decode-only: settle after whatever larger step ran before
+                untimed = max(untimed, self.decode_settle)
+            times = self._session.measure(step, repeats=repeats, warmup=untimed)
             self._runs.setdefault(step, []).extend(times)
             if progress is not None:
                 progress(done, len(steps))
@@ -362,6 +380,7 @@ class Profiler:
             METADATA_KEY: self.batching.to_metadata(),
             "decode_batching_declared": "yes" if self.decode_batching is not None else "no (read as ragged)",
             "statistic": f"median of {runs} runs a point over {self.passes} pass(es)",
+            "decode_settle": str(self.decode_settle),
             **({} if math.isnan(spread) else {"run_to_run_spread": f"{spread:.4f}"}),
         }
 
@@ -391,6 +410,7 @@ def profile_executor(  # noqa: PLR0913 -- every knob is a keyword with a default
     progress: Callable[[int, int], None] | None = None,
     vocab_size: int = 256,
     seed: int = 0,
+    decode_settle: int = 4,
 ) -> list[ProfilePoint]:
     """Time ``executor`` at every point of ``grid`` and return the profile (one :class:`Profiler` pass).
 
@@ -407,6 +427,7 @@ def profile_executor(  # noqa: PLR0913 -- every knob is a keyword with a default
         progress: Called with ``(steps done, steps in all)`` after each distinct step.
         vocab_size: Token ids are drawn below it; the values do not affect the time.
         seed: Seed of the token-id generator.
+        decode_settle: Untimed runs of each decode-only step before it is timed (see :class:`Profiler`).
 
     Returns:
         One :class:`ProfilePoint` per grid point, in :meth:`ProfileGrid.combinations` order.
@@ -417,6 +438,14 @@ def profile_executor(  # noqa: PLR0913 -- every knob is a keyword with a default
 
     """
     _check_runs(repeats, warmup)
-    profiler = Profiler(executor, num_pages=num_pages, page_size=page_size, grid=grid, vocab_size=vocab_size, seed=seed)
+    profiler = Profiler(
+        executor,
+        num_pages=num_pages,
+        page_size=page_size,
+        grid=grid,
+        vocab_size=vocab_size,
+        seed=seed,
+        decode_settle=decode_settle,
+    )
     profiler.run_pass(repeats=repeats, warmup=warmup, progress=progress)
     return profiler.points()
