@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
 from phasesched import Request
-from phasesched.pd import Mailbox, Manifest, Router, WorkerLoad, WorkerStatus, pick_worker
+from phasesched.pd import Mailbox, Manifest, Router, WorkerLoad, WorkerStatus, pick_worker, pick_worker_by
 from phasesched.pd.protocol import Decode, Finished, Prefill, Pull, Release, Shutdown, TransferFailed
 
 
@@ -50,6 +54,33 @@ class TestRouting:
         workers = [WorkerLoad(0, load=0, free_pages=1, page_size=4), WorkerLoad(1, load=9, free_pages=8, page_size=4)]
         assert pick_worker(workers, 16) == 1
         assert pick_worker(workers, 4) == 0
+
+    @given(
+        st.lists(st.tuples(st.integers(0, 4), st.integers(0, 6), st.integers(0, 2)), min_size=1, max_size=6),
+        st.integers(1, 40),
+    )
+    def test_asking_for_room_in_load_order_picks_as_the_rule_says(
+        self, rows: list[tuple[int, int, int]], num_tokens: int
+    ) -> None:
+        """pick_worker_by, asking room lazily, picks the worker with room, then fewest requests, then lowest index."""
+        workers = [WorkerLoad(i, load, free, watermark, page_size=4) for i, (load, free, watermark) in enumerate(rows)]
+        rule = min(workers, key=lambda w: (not w.has_room(num_tokens), w.load, w.index)).index
+        asked: list[int] = []
+
+        def has_room(index: int) -> bool:
+            asked.append(index)
+            return workers[index].has_room(num_tokens)
+
+        assert pick_worker_by([(w.load, w.index) for w in workers], has_room) == rule
+        assert pick_worker(workers, num_tokens) == rule
+        assert len(asked) == len(set(asked))  # each worker asked at most once
+        if workers[rule].has_room(num_tokens):
+            assert asked[-1] == rule  # nobody asked after the answer
+
+    def test_no_worker_is_an_error(self) -> None:
+        """Routing among no workers raises."""
+        with pytest.raises(ValueError, match="no worker"):
+            pick_worker_by([], lambda index: True)
 
 
 class TestMailbox:

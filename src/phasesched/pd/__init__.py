@@ -15,6 +15,7 @@ from phasesched.pd.router import Router as Router
 from phasesched.pd.router import WorkerStatus as WorkerStatus
 from phasesched.pd.routing import WorkerLoad as WorkerLoad
 from phasesched.pd.routing import pick_worker as pick_worker
+from phasesched.pd.routing import pick_worker_by as pick_worker_by
 from phasesched.pd.worker import DecodeWorker as DecodeWorker
 from phasesched.pd.worker import Faults as Faults
 from phasesched.pd.worker import PageTransport as PageTransport
@@ -37,4 +38,5 @@ __all__ = [
     "WorkerReport",
     "WorkerStatus",
     "pick_worker",
+    "pick_worker_by",
 ]

@@ -7,11 +7,11 @@ worker has room, as with ample KV, that is plain least-loaded routing.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 import attrs
 
-__all__ = ["WorkerLoad", "pick_worker"]
+__all__ = ["WorkerLoad", "pick_worker", "pick_worker_by"]
 
 
 @attrs.frozen
@@ -49,8 +49,25 @@ def pick_worker(workers: Iterable[WorkerLoad], num_tokens: int) -> int:
     >>> pick_worker([WorkerLoad(0, load=3, free_pages=64), WorkerLoad(1, load=2, free_pages=64)], 100)
     1
     """
-    best = min(workers, key=lambda w: (not w.has_room(num_tokens), w.load, w.index), default=None)
-    if best is None:
+    by_index = {w.index: w for w in workers}
+    return pick_worker_by([(w.load, w.index) for w in by_index.values()], lambda i: by_index[i].has_room(num_tokens))
+
+
+def pick_worker_by(loads: Iterable[tuple[int, int]], has_room: Callable[[int], bool]) -> int:
+    """:func:`pick_worker`'s rule when finding a worker's room costs more than its load.
+
+    ``loads`` are ``(load, index)`` pairs. Workers are asked ``has_room(index)`` from the least
+    loaded (then lowest index) on, and the first with room is the answer: with ample KV, one
+    question instead of one per worker. If none has room, the least loaded is.
+
+    Raises:
+        ValueError: ``loads`` is empty.
+
+    >>> pick_worker_by([(3, 0), (5, 1)], has_room=lambda index: index == 1)
+    1
+    """
+    order = sorted(loads)
+    if not order:
         msg = "no worker to route to"
         raise ValueError(msg)
-    return best.index
+    return next((index for _, index in order if has_room(index)), order[0][1])

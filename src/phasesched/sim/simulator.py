@@ -55,7 +55,7 @@ from phasesched.executor import StepResult
 from phasesched.kv import KVView
 from phasesched.metrics.recorder import MetricsRecorder, Role, WorkerRecorder
 from phasesched.metrics.summary import RunMetrics, summarize
-from phasesched.pd.routing import WorkerLoad, pick_worker
+from phasesched.pd.routing import WorkerLoad, pick_worker_by
 from phasesched.plan import StepPlan
 from phasesched.policies.policy import SchedulingPolicy
 from phasesched.prefix_cache import CacheStats
@@ -584,8 +584,9 @@ class Simulator:
         few requests it runs), then the fewest requests. Where every worker has room, as with
         ample KV, that is plain least-loaded routing, so such runs route as they always did.
         """
-        index = pick_worker((w.routing_load(now) for w in self.workers if w.role is role), num_tokens)
-        return self.workers[index]
+        workers = self.workers
+        loads = [(w.load, w.index) for w in workers if w.role is role]
+        return workers[pick_worker_by(loads, lambda index: workers[index].routing_load(now).has_room(num_tokens))]
 
     # ---------------------------------------------------------------- the KV link
     def _start_transfer(self, request_id: str, now: float) -> None:
