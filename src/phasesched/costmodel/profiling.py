@@ -247,11 +247,11 @@ class Profiler:
         decode_batching: How the executor batches decodes, recorded with the profile; ``None``:
             what the executor declares (:class:`~phasesched.costmodel.batching.DeclaresDecodeBatching`),
             or ragged (the mean context) if it declares nothing.
-        decode_settle: Untimed runs of a decode-only step before each time it is timed (on top
-            of ``warmup``, not added to it). Serving runs decodes in long stretches, but a pass
-            reaches each decode-only step right after a larger one, and on a CPU the torch
-            executor's small decode steps then ran 40% slower for a step or two and about 8%
-            for the third and fourth (caches and the allocator refilling), which put the
+        decode_settle: Untimed runs of a decode-only step before each time it is timed (the
+            larger of this and ``warmup`` on a first visit). Serving runs decodes in long
+            stretches, but a pass reaches each decode-only step right after a larger one, and on
+            a CPU the torch executor's small decode steps then ran 40% slower for two steps and
+            16% and 8% for the next two (caches and the allocator refilling), which put the
             profile's decodes 30% above the real ones. After four untimed runs they are within
             about 5% of their steady time; a GPU's decode steps cost little to repeat.
 
