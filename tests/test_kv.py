@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import Bundle, RuleBasedStateMachine, consumes, invariant, precondition, rule
 from numpy.typing import NDArray
@@ -305,7 +305,14 @@ class KVMachine(RuleBasedStateMachine):
 
 
 TestKVMachine = KVMachine.TestCase
-TestKVMachine.settings = settings(max_examples=60, stateful_step_count=40, deadline=None)
+# Four of the five rules take a table, and closing consumes them: while the bundle is empty,
+# Hypothesis rejects those rules' draws, and its filter health check failed about one run in ten.
+TestKVMachine.settings = settings(
+    max_examples=60,
+    stateful_step_count=40,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
+)
 
 
 @given(st.lists(st.integers(0, 40), min_size=1, max_size=12))
