@@ -443,9 +443,9 @@ class PagedKVManager:
         if self._shared and self._refcount[pages].max(initial=0) > 1:  # shared pages: count every reference
             np.subtract.at(self._refcount, pages, 1)
             released = _tail_first(pages[self._refcount[pages] == 0], several=len(slots) > 1)
-        elif self._shared:  # no page is shared, so each appears once (tails first, as above)
+        elif self._shared:  # no page is shared, so each appears once
             self._refcount[pages] = 0
-            released = pages[::-1]
+            released = _tail_first(pages, several=False)
         else:  # every page has one owner, so each appears once and is released
             self._refcount[pages] = 0
             released = pages
