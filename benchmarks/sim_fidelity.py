@@ -9,6 +9,10 @@
    per chunk after a 1.5K prefix), which would stretch the benchmark past ten minutes.
    Torch is held to ``--threads`` intra-op threads, 1 by default: with 2 on this shared 2-core
    machine, a 10 ms decode step took 360 ms whenever another process held the second core.
+   The C allocator keeps freed memory (:func:`keep_freed_memory`): by default glibc returns
+   the attention's large score buffers to the system and faults fresh pages in on the next
+   step, which made the same 256-token chunk after a 1.5K prefix take 102-117 ms or 136-172 ms
+   by what ran before it; the cost of a step then depends on its shape, as a profile assumes.
 2. **Profile.** The library's :class:`~phasesched.costmodel.profiling.Profiler` (what
    ``phasesched profile --passes N`` runs) times the executor on a grid covering the workload's
    shapes (prefill chunks up to the chunk size, prefixes up to the longest prompt, decode
@@ -46,11 +50,13 @@ errors depend on what else the machine runs: see ``benchmarks/README.md``.
 Usage::
 
     python benchmarks/sim_fidelity.py [--out DIR] [--json out.json] [--passes 3] [--runs 2] [--threads 1]
+        [--default-malloc]
 """
 
 from __future__ import annotations
 
 import argparse
+import ctypes
 import gc
 import json
 import os
@@ -569,6 +575,27 @@ def print_details(side_by_side: dict[str, list[float]], diag: dict[str, Any]) ->
 
 
 # ------------------------------------------------------------------------------------- main
+M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3  # glibc's mallopt parameters (malloc.h)
+
+
+def keep_freed_memory() -> bool:
+    """Make glibc's malloc keep freed memory for reuse; return whether it could (glibc only).
+
+    Torch's CPU allocator is malloc. With glibc's defaults, buffers above the (adaptive) mmap
+    threshold are mapped per allocation, and freed memory at the top of the heap is handed back,
+    so a step that follows a smaller one pays page faults for its scores and activations: tens of
+    milliseconds on a long-prefix chunk here, varying with whatever ran before. Mapping only
+    above 32 MiB (glibc's maximum) and trimming only above 1 GiB keeps each step's cost a
+    function of its shape, in the profile and in the real runs alike.
+    """
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+        mallopt = libc.mallopt
+    except (OSError, AttributeError):
+        return False
+    return bool(mallopt(M_TRIM_THRESHOLD, 1 << 30)) and bool(mallopt(M_MMAP_THRESHOLD, 32 << 20))
+
+
 def main(argv: list[str] | None = None) -> int:
     defaults = Setup()
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -581,17 +608,22 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, help="folder for profile.csv, steps.csv, requests.csv")
     parser.add_argument("--json", type=Path, help="also write the results as JSON")
     parser.add_argument("--quiet", action="store_true", help="no progress on stderr")
+    parser.add_argument(
+        "--default-malloc", action="store_true", help="leave glibc's malloc settings alone (see keep_freed_memory)"
+    )
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
+    kept = not args.default_malloc and keep_freed_memory()
     setup = Setup(passes=args.passes, runs=args.runs, rate=args.rate, seed=args.seed)
     log = (lambda _: None) if args.quiet else (lambda text: print(text, file=sys.stderr, flush=True))
     result = run(setup, profile_csv=args.profile, out=args.out, log=log)
     print_table(result["rows"])
     print_details(result["summary"], result["diagnostics"])
-    print("\nwall time: " + ", ".join(f"{name} {seconds:.1f} s" for name, seconds in result["wall_s"].items()))
+    print(f"\nmalloc: {'keeps freed memory (trim above 1 GiB, mmap above 32 MiB)' if kept else 'defaults'}")
+    print("wall time: " + ", ".join(f"{name} {seconds:.1f} s" for name, seconds in result["wall_s"].items()))
     if args.json:
         rows = [{**attrs.asdict(r), "passed": r.passed} for r in result["rows"]]
-        text = json.dumps({**result, "rows": rows}, indent=2, default=float)
+        text = json.dumps({**result, "rows": rows, "malloc_keeps_freed": kept}, indent=2, default=float)
         args.json.write_text(text.replace("NaN", "null"), encoding="utf-8")
     return 0
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import platform
 from pathlib import Path
 from types import ModuleType
 
@@ -77,3 +78,8 @@ def test_table_prints_the_ttft_percentile_rows(bench: ModuleType, capsys: pytest
     assert lines[3].split() == ["TTFT", "p50", "(run)", "1", "4.0%", "-", "5.0%", "2.0%", "pass", "(target", "10%)"]
     assert lines[4].split()[-3] == "FAIL"
     assert len({len(line.split("  pass")[0].split("  FAIL")[0]) for line in lines[2:5]}) == 1
+
+
+def test_malloc_keeps_freed_memory_where_glibc_runs(bench: ModuleType) -> None:
+    """The benchmark's allocator setting takes on glibc, and reports that it cannot elsewhere."""
+    assert bench.keep_freed_memory() is (platform.libc_ver()[0] == "glibc")
