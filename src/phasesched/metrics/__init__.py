@@ -13,9 +13,9 @@ from phasesched.metrics.recorder import LatencyBudget as LatencyBudget
 from phasesched.metrics.recorder import MetricsRecorder as MetricsRecorder
 from phasesched.metrics.recorder import RequestRecord as RequestRecord
 from phasesched.metrics.recorder import Role as Role
+from phasesched.metrics.recorder import RunCounters as RunCounters
 from phasesched.metrics.recorder import WorkerRecorder as WorkerRecorder
 from phasesched.metrics.summary import PERCENTILES as PERCENTILES
-from phasesched.metrics.summary import RunCounters as RunCounters
 from phasesched.metrics.summary import RunMetrics as RunMetrics
 from phasesched.metrics.summary import summarize as summarize
 

@@ -32,7 +32,6 @@ from phasesched.request import FinishReason
 if TYPE_CHECKING:
     from phasesched.chunk_run import ChunkRun
     from phasesched.decode_run import DecodeRun
-    from phasesched.metrics.summary import RunCounters
     from phasesched.plan import StepPlan
     from phasesched.request import Request
     from phasesched.scheduler import FinishedRequest, StepOutcome
@@ -45,6 +44,7 @@ __all__ = [
     "MetricsRecorder",
     "RequestRecord",
     "Role",
+    "RunCounters",
     "WorkerRecorder",
 ]
 
@@ -87,6 +87,25 @@ class LatencyBudget:
     def as_dict(self) -> dict[str, float]:
         """``{phase: seconds}`` in :data:`BUDGET_PHASES` order."""
         return {phase: getattr(self, f"{phase}_s") for phase in BUDGET_PHASES}
+
+
+@attrs.frozen(eq=False)
+class RunCounters:
+    """Totals a :class:`MetricsRecorder` has gathered, for :func:`~phasesched.metrics.summary.summarize`."""
+
+    completed: int
+    good: int
+    input_tokens: int
+    output_tokens: int
+    preemptions: int
+    budget_totals: dict[str, float]
+    distributions: dict[str, Distribution]
+    failed: int = 0
+    errors: tuple[str, ...] = ()
+    truncated: int = 0
+    """Completed requests whose output the context limit cut short of ``max_new_tokens``."""
+    truncated_tokens: int = 0
+    """Output tokens those requests asked for and did not get."""
 
 
 @attrs.frozen
@@ -249,8 +268,6 @@ class MetricsRecorder:
 
     def counters(self) -> RunCounters:
         """Totals so far, for :func:`phasesched.metrics.summary.summarize`."""
-        from phasesched.metrics.summary import RunCounters  # noqa: PLC0415 -- summary imports this module
-
         return RunCounters(
             completed=self.completed,
             good=self.good,

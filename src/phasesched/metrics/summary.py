@@ -8,31 +8,12 @@ from typing import Any
 import attrs
 
 from phasesched.metrics.distribution import Distribution
-from phasesched.metrics.recorder import BUDGET_PHASES, GapLog, RequestRecord
+from phasesched.metrics.recorder import BUDGET_PHASES, GapLog, RequestRecord, RunCounters
 
-__all__ = ["PERCENTILES", "RunCounters", "RunMetrics", "summarize"]
+__all__ = ["PERCENTILES", "RunMetrics", "summarize"]
 
 PERCENTILES = (50, 90, 95, 99)
 """Percentiles reported for every latency (p50 is reported as ``median_``, as vLLM does)."""
-
-
-@attrs.frozen(eq=False)
-class RunCounters:
-    """Totals a :class:`~phasesched.metrics.recorder.MetricsRecorder` has gathered."""
-
-    completed: int
-    good: int
-    input_tokens: int
-    output_tokens: int
-    preemptions: int
-    budget_totals: dict[str, float]
-    distributions: dict[str, Distribution]
-    failed: int = 0
-    errors: tuple[str, ...] = ()
-    truncated: int = 0
-    """Completed requests whose output the context limit cut short of ``max_new_tokens``."""
-    truncated_tokens: int = 0
-    """Output tokens those requests asked for and did not get."""
 
 
 @attrs.frozen(eq=False)
