@@ -48,14 +48,14 @@ from phasesched.policies.chunking import (
 from phasesched.policies.policy import SchedulingPolicy
 from phasesched.policies.preemption import PreemptionPolicy
 from phasesched.policies.priority import EVERY_DECODE_PRIORITIES, DecodeFirst, EqualProgress, PrefillFirst
-from phasesched.policies.queue_order import FCFS, CacheAwareOrder
+from phasesched.policies.queue_order import FCFS, CacheAwareOrder, rerank
 from phasesched.prefix import ROOT_HASH, block_page_hashes, extend_page_hashes
 from phasesched.request import FinishReason, Request, RequestStatus
 from phasesched.running import RunningArrays
 from phasesched.selection import CheckedSelection, Selection, check_selection
 from phasesched.sequence import SequenceState
 from phasesched.validators import INT32_MAX, is_int, number, whole
-from phasesched.view import SchedulerView
+from phasesched.view import Reorder, SchedulerView
 from phasesched.waiting import WaitingQueue
 
 __all__ = ["FinishedRequest", "Scheduler", "SchedulerConfig", "StepOutcome"]
@@ -452,8 +452,10 @@ class Scheduler:
             and not self.policy.preemption.preempt_for_waiting
             and not isinstance(self.policy.queue_order, CacheAwareOrder)
         )
-        order = self.policy.queue_order
-        self._rerank = order if isinstance(order, CacheAwareOrder) else None  # checked once: a Protocol check is slow
+        order = self.policy.queue_order  # checked once: a Protocol check is slow
+        self._reorder: Reorder | None = (
+            functools.partial(rerank, order=order) if isinstance(order, CacheAwareOrder) else None
+        )
         self._holds: dict[str, tuple[int, HeldKV]] = {}  # P/D: finished requests' KV, held until released
         self._claims: dict[int, Claim] = {}  # the plan in flight's cached-prefix claims, by slot, for abandon()
         # Slots the last updated general plan left with a prefill under way: while one of them
@@ -911,7 +913,7 @@ class Scheduler:
             running=self._running,
             waiting=self._waiting,
             max_model_len=self.config.max_model_len,
-            rerank=self._rerank,
+            reorder=self._reorder,
         )
 
     def _save_scalars(self, journal: Journal) -> None:
@@ -1305,7 +1307,7 @@ class Scheduler:
             or not len(running)
             or self._carried_preempted
             or arrays.num_with_tokens
-            or (waiting and (self.policy.preemption.preempt_for_waiting or self._rerank is not None))
+            or (waiting and (self.policy.preemption.preempt_for_waiting or self._reorder is not None))
             # A prefill under way was left so by the last step (update() and advance_chunks() note
             # it); one the last plan gave no tokens is missed, which only costs a step by the policy.
             or not np.count_nonzero(arrays.running[self._prefilling])

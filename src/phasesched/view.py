@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from numpy.typing import NDArray
 
 from phasesched.errors import InvalidPlanError
-from phasesched.policies.queue_order import CacheAwareOrder, rerank
 from phasesched.request import Request
 from phasesched.running import RunningArrays, read_only
 from phasesched.sequence import SequenceState
@@ -19,9 +18,14 @@ if TYPE_CHECKING:
     from phasesched.kv import PagedKVManager
     from phasesched.policies.budget import TokenBudget
 
-__all__ = ["SchedulerView"]
+__all__ = ["Reorder", "SchedulerView"]
 
 Int32Array = NDArray[np.int32]
+
+Reorder = Callable[[Iterable[WaitingCandidate], int], Iterator[WaitingCandidate]]
+"""How a step re-ranks the waiting queue before a policy sees it: ``(candidates in queue order,
+queue length) -> candidates``. The scheduler passes its queue order's re-ranking (see
+:func:`phasesched.policies.queue_order.rerank`), so this module needs no policy."""
 
 
 class SchedulerView:
@@ -57,7 +61,7 @@ class SchedulerView:
         running: Int32Array,
         waiting: WaitingQueue,
         max_model_len: int,
-        rerank: CacheAwareOrder | None = None,
+        reorder: Reorder | None = None,
     ) -> None:
         self.now = now
         self.budget = budget
@@ -75,7 +79,7 @@ class SchedulerView:
         self._kv = kv
         self._arrays = arrays
         self._waiting = waiting
-        self._rerank = rerank
+        self._reorder = reorder
 
     @property
     def num_generated(self) -> Int32Array:
@@ -106,7 +110,7 @@ class SchedulerView:
             WaitingCandidate(seq.request, seq.num_tokens, seq.num_preemptions, self._computed_at_admission(seq))
             for seq in self._waiting.ordered()
         )
-        return rerank(candidates, len(self._waiting), self._rerank) if self._rerank is not None else candidates
+        return self._reorder(candidates, len(self._waiting)) if self._reorder is not None else candidates
 
     def _computed_at_admission(self, seq: SequenceState) -> int:
         """Tokens a waiting request would start with: transferred, or its cached prefix."""
