@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import functools
 import itertools
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import NamedTuple
 
 import attrs
@@ -55,8 +55,8 @@ from phasesched.running import RunningArrays
 from phasesched.selection import CheckedSelection, Selection, check_selection
 from phasesched.sequence import SequenceState
 from phasesched.validators import INT32_MAX, is_int, number, whole
-from phasesched.view import Reorder, SchedulerView
-from phasesched.waiting import WaitingQueue
+from phasesched.view import SchedulerView
+from phasesched.waiting import WaitingCandidate, WaitingQueue
 
 __all__ = ["FinishedRequest", "Scheduler", "SchedulerConfig", "StepOutcome"]
 
@@ -453,7 +453,7 @@ class Scheduler:
             and not isinstance(self.policy.queue_order, CacheAwareOrder)
         )
         order = self.policy.queue_order  # checked once: a Protocol check is slow
-        self._reorder: Reorder | None = (
+        self._reorder: Callable[[Iterable[WaitingCandidate], int], Iterator[WaitingCandidate]] | None = (
             functools.partial(rerank, order=order) if isinstance(order, CacheAwareOrder) else None
         )
         self._holds: dict[str, tuple[int, HeldKV]] = {}  # P/D: finished requests' KV, held until released

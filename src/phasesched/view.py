@@ -18,14 +18,9 @@ if TYPE_CHECKING:
     from phasesched.kv import PagedKVManager
     from phasesched.policies.budget import TokenBudget
 
-__all__ = ["Reorder", "SchedulerView"]
+__all__ = ["SchedulerView"]
 
 Int32Array = NDArray[np.int32]
-
-Reorder = Callable[[Iterable[WaitingCandidate], int], Iterator[WaitingCandidate]]
-"""How a step re-ranks the waiting queue before a policy sees it: ``(candidates in queue order,
-queue length) -> candidates``. The scheduler passes its queue order's re-ranking (see
-:func:`phasesched.policies.queue_order.rerank`), so this module needs no policy."""
 
 
 class SchedulerView:
@@ -61,7 +56,7 @@ class SchedulerView:
         running: Int32Array,
         waiting: WaitingQueue,
         max_model_len: int,
-        reorder: Reorder | None = None,
+        reorder: Callable[[Iterable[WaitingCandidate], int], Iterator[WaitingCandidate]] | None = None,
     ) -> None:
         self.now = now
         self.budget = budget
@@ -79,7 +74,7 @@ class SchedulerView:
         self._kv = kv
         self._arrays = arrays
         self._waiting = waiting
-        self._reorder = reorder
+        self._reorder = reorder  # the scheduler binds its queue order's rerank: this module needs no policy
 
     @property
     def num_generated(self) -> Int32Array:

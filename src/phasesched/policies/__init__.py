@@ -1,8 +1,14 @@
-"""Scheduling policies: small composable strategies, and presets that combine them."""
+"""Scheduling policies: small composable strategies, and presets that combine them.
+
+A phase priority fills a :class:`BatchBuilder` (exported here with its :class:`AddResult`): it is
+the API a third-party priority plans a step with.
+"""
 
 from __future__ import annotations
 
 from phasesched.policies.budget import TokenBudget as TokenBudget
+from phasesched.policies.builder import AddResult as AddResult
+from phasesched.policies.builder import BatchBuilder as BatchBuilder
 from phasesched.policies.chunking import ChunkContext as ChunkContext
 from phasesched.policies.chunking import ChunkSizer as ChunkSizer
 from phasesched.policies.chunking import FixedChunk as FixedChunk
@@ -31,6 +37,8 @@ from phasesched.policies.queue_order import ShortestRemainingPrefill as Shortest
 
 __all__ = [
     "FCFS",
+    "AddResult",
+    "BatchBuilder",
     "CacheAwareAging",
     "CacheAwareOrder",
     "ChunkContext",
