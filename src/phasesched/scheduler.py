@@ -22,7 +22,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from phasesched.chunk_run import ChunkRun, chunk_limit, plan_chunk_steps
-from phasesched.decode_run import DecodeRun, steps_that_fit
+from phasesched.decode_run import DecodeRun, segment_bounds, steps_that_fit
 from phasesched.errors import (
     DuplicateRequestError,
     InvalidArgumentError,
@@ -1202,7 +1202,7 @@ class Scheduler:
         return [seq.request.request_id for seq in seqs]
 
     # ------------------------------------------------------------------ steady decoding
-    def decode_run(self, max_steps: int) -> DecodeRun | None:
+    def decode_run(self, max_steps: int, *, past_finishes: bool = False) -> DecodeRun | None:
         """The next steps, if they are certain to be identical pure-decode steps (the simulation fast path).
 
         A simulator uses this to advance many steps in one vectorized computation. It applies
@@ -1212,6 +1212,11 @@ class Scheduler:
         of :data:`~phasesched.policies.priority.EVERY_DECODE_PRIORITIES`) and no running
         request's tokens matter (no token ids, EOS or stop tokens: a simulator makes them up);
         then each step until the first finish schedules exactly the same requests, one token each.
+
+        With ``past_finishes`` and nothing waiting, the run goes on past finishes: each later
+        step schedules the requests not yet finished, one token each, as those priorities do when
+        nobody waits to take a finished request's place. The caller must then add no request
+        while it takes the run.
 
         Returns:
             The run, capped at ``max_steps``, or ``None`` when it does not apply.
@@ -1229,19 +1234,33 @@ class Scheduler:
         if step is None:
             self._unsteady_at = self._version
             return None
-        arrays, running = self._arrays, self._running
-        steps = min(max_steps, int((arrays.max_known[running] - step.known).min()))  # up to the first finish
-        held = int(self._kv.page_counts[running].sum())
-        steps = steps_that_fit(step.start, held, self._kv.num_free_pages, self._kv.page_size, steps)
+        arrays, running, kv = self._arrays, self._running, self._kv
+        finish_at = (arrays.max_known[running] - step.known).astype(np.int32)
+        waiting, first = bool(len(self._waiting)), int(finish_at.min())
+        past = past_finishes and not waiting and int(finish_at.max()) > first and max_steps > first
+        steps = min(max_steps, int(finish_at.max()) if past else first)  # up to the first finish, or past them
+        held = int(kv.page_counts[running].sum())
+        steps = steps_that_fit(
+            step.start, held, kv.num_free_pages, kv.page_size, steps, finish_at=finish_at if past else None
+        )
         ids = tuple(arrays.ids[running].tolist())
-        later = bool(len(self._waiting)) and self._head_blocks(int(step.new_pages.sum()))
-        return DecodeRun(ids, running.copy(), step.start + 1, steps, self._version, later)
+        later = waiting and self._head_blocks(int(step.new_pages.sum()))
+        return DecodeRun(
+            ids,
+            running.copy(),
+            step.start + 1,
+            steps,
+            self._version,
+            later,
+            finish_at=finish_at,
+            passes_finishes=steps > first,
+        )
 
     def advance(self, run: DecodeRun, num_steps: int) -> tuple[FinishedRequest, ...]:
-        """Take ``num_steps`` of ``run``'s steps at once: every request computes and samples ``num_steps`` tokens.
+        """Take ``num_steps`` of ``run``'s steps at once: each request computes and samples a token per step it is in.
 
         Returns:
-            The requests that finished in the last of the steps (for length).
+            The requests that finished in the steps, in the order stepping finishes them.
 
         Raises:
             InvalidPlanError: The run is stale (the scheduler changed since it was made) or
@@ -1249,10 +1268,65 @@ class Scheduler:
         """
         stale = run._version != self._version  # noqa: SLF001 -- the run's own token
         return self._fast_forward(
-            "DecodeRun", "decode_run", stale, run.max_steps, num_steps, functools.partial(self._advance, run.slots)
+            "DecodeRun", "decode_run", stale, run.max_steps, num_steps, functools.partial(self._advance, run)
         )
 
-    def _advance(self, slots: Int32Array, num_steps: int, journal: Journal) -> tuple[FinishedRequest, ...]:
+    def _advance(self, run: DecodeRun, num_steps: int, journal: Journal) -> tuple[FinishedRequest, ...]:
+        """The run's segments in turn: each one's tokens and pages, then the finishes that end it.
+
+        When the steps need no page that an earlier finish frees (the free pool covers them, and
+        nothing cached is evicted), their order is not seen: every request's tokens and pages
+        are then taken at once, and every finish at once, the later ones freed first, so the
+        cache parks their pages in the order stepping would.
+        """
+        if not (run.passes_finishes and num_steps > int(run.finish_at.min())):  # one segment
+            done = self._advance_segment(run.slots, num_steps, journal)
+            if not len(done):
+                return ()
+            return self._finish(done, [FinishReason.LENGTH] * len(done), journal)
+        at_once = self._advance_at_once(run, num_steps, journal)
+        if at_once is not None:
+            return at_once
+        finished: tuple[FinishedRequest, ...] = ()
+        slots, finish_at, taken = run.slots, run.finish_at, 0
+        for bound in segment_bounds(finish_at, num_steps):
+            self._released = []  # an earlier segment's finishes: released by the plan of the step after them
+            done = self._advance_segment(slots, bound - taken, journal)
+            if len(done):
+                finished += self._finish(done, [FinishReason.LENGTH] * len(done), journal)
+                left = finish_at > bound
+                slots, finish_at = slots[left], finish_at[left]
+            taken = bound
+        return finished
+
+    def _advance_at_once(self, run: DecodeRun, num_steps: int, journal: Journal) -> tuple[FinishedRequest, ...] | None:
+        """The first ``num_steps`` of a run passing finishes in one go, if no step needs a page a finish frees."""
+        arrays, kv, slots = self._arrays, self._kv, run.slots
+        steps = run.steps_of(num_steps)
+        computed = arrays.computed[slots] + steps
+        growth = kv.pages_to_grow(slots, computed)
+        if int(growth.sum()) > kv.num_free_pages - kv.num_cached_pages:
+            return None  # stepping would reuse a finished request's pages, or evict cached ones, in its order
+        self._extend(slots, growth, journal)
+        known = arrays.known[slots] + steps
+
+        def undo() -> None:
+            arrays.computed[slots], arrays.known[slots] = computed - steps, known - steps
+
+        journal.record(undo)
+        arrays.computed[slots], arrays.known[slots] = computed, known
+        ending = np.flatnonzero(run.finish_at <= num_steps)
+        in_order = ending[np.argsort(run.finish_at[ending], kind="stable")]  # as stepping finishes them
+        latest_first = ending[np.argsort(-run.finish_at[ending], kind="stable")]  # as their pages must be freed
+        records = self._finish(slots[latest_first], [FinishReason.LENGTH] * len(ending), journal)
+        by_index = dict(zip(latest_first.tolist(), records, strict=True))
+        finished = tuple(by_index[i] for i in in_order.tolist())
+        last = run.finish_at[in_order] == num_steps  # only the last step's finishes are still to be released
+        self._released = [record.request_id for record, pending in zip(finished, last.tolist(), strict=True) if pending]
+        return finished
+
+    def _advance_segment(self, slots: Int32Array, num_steps: int, journal: Journal) -> Int32Array:
+        """``num_steps`` identical decode steps of ``slots``; returns those that reached their last token."""
         arrays = self._arrays
         computed = arrays.computed[slots] + num_steps
         self._extend(slots, self._kv.pages_to_grow(slots, computed), journal)
@@ -1263,11 +1337,8 @@ class Scheduler:
 
         journal.record(undo)
         arrays.computed[slots], arrays.known[slots] = computed, known
-        done = slots[known >= arrays.max_known[slots]]
-        if not len(done):
-            return ()
-        self._save_scalars(journal)
-        return self._finish(done, [FinishReason.LENGTH] * len(done), journal)
+        done: Int32Array = slots[known >= arrays.max_known[slots]]
+        return done
 
     def chunk_run(self, max_steps: int) -> ChunkRun | None:
         """The next steps, if they are certain to be decode-first steps with prefill chunks (a simulation fast path).
@@ -1382,6 +1453,10 @@ class Scheduler:
         self._core = None  # its decodes move on without plans
         journal = Journal()
         try:
+            # The steps' plans would have reported the releases pending, and each step's finishes
+            # are released by the plan after it: only the last step's stay pending.
+            self._save_scalars(journal)
+            self._released = []
             finished = apply(int(num_steps), journal)
         except BaseException:
             journal.rollback()

@@ -612,6 +612,21 @@ def test_decode_workers_take_long_runs_beside_each_other() -> None:
     assert all(w.runs <= 12 for w in decode), [(w.steps, w.runs) for w in decode]
 
 
+def test_one_workers_decode_runs_pass_finishes_when_nothing_waits() -> None:
+    """Four requests served together take one run from their prefill to the last finish, timed as stepping times it."""
+    workload = Workload("staggered", arrival_s=[0.0] * 4, prompt_len=[64] * 4, output_len=[50, 100, 150, 200])
+    fast = simulate(workload, load_policy("vllm"), keep_requests=True, keep_gaps=True)
+    slow = simulate(workload, load_policy("vllm"), keep_requests=True, keep_gaps=True, fast_forward=False)
+    assert [(w.steps, w.runs) for w in fast.workers] == [(200, 1)]  # the prefill step, then one run of 199
+    assert fast.metrics.gaps is not None
+    assert slow.metrics.gaps is not None
+    assert fast.metrics.gaps.end_s.tolist() == slow.metrics.gaps.end_s.tolist()
+    assert fast.metrics.requests is not None
+    assert slow.metrics.requests is not None
+    assert [r.e2el_s for r in fast.metrics.requests] == [r.e2el_s for r in slow.metrics.requests]
+    assert fast.metrics["duration"] == slow.metrics["duration"]
+
+
 def test_replicas_take_long_runs_beside_each_other() -> None:
     """An arrival cuts only the run of the replica it is routed to, not every replica's."""
     result = simulate(fixed(40, prompt_len=256, output_len=400, rate=100.0), load_policy("vllm"), replicas=4)

@@ -412,8 +412,11 @@ class WorkerRecorder:
     ) -> list[str]:
         """Record ``len(ends)`` steps of ``run`` taken at once from ``start``; step ``j`` ended at ``ends[j]``.
 
-        ``finished`` are the requests the last step finished; they leave, as from :meth:`on_step`.
+        ``finished`` are the requests the steps finished, in order; each leaves, as from
+        :meth:`on_step`, when its last step ends.
         """
+        if run.passes_finishes and len(ends) > int(run.finish_at.min()):
+            return self._segmented_run(run, start, ends, finished)
         slots, last = run.slots, float(ends[-1])
         has_first = self._has_first[slots]
         if np.count_nonzero(has_first) < len(slots):  # step 0 is a prompt's last token, or a decode worker's first
@@ -426,6 +429,34 @@ class WorkerRecorder:
             slots = slots[has_first]
         self._decode_run_tokens(slots, ends, len(run.slots))
         return self._leave(finished, last)
+
+    def _segmented_run(
+        self, run: DecodeRun, start: float, ends: NDArray[np.float64], finished: Iterable[FinishedRequest]
+    ) -> list[str]:
+        """:meth:`on_decode_run` for steps that pass finishes: each request's tokens stop at its own last step."""
+        taken = run.steps_of(len(ends))
+        slots, steps, last = run.slots, taken, ends[taken - 1]  # each request's steps and last token
+        has_first = self._has_first[slots]
+        if np.count_nonzero(has_first) < len(slots):  # step 0 is a prompt's last token, or a decode worker's first
+            early = ~has_first
+            for slot in slots[early].tolist():
+                self._early_slice(slot, sampled=True, start=start, end=float(ends[0]))
+            self._decode_s[slots[early]] += last[early] - float(ends[0])
+            self._tokens[slots[early]] += steps[early] - 1
+            self._last_token[slots[early]] = last[early]
+            slots, steps, last = slots[has_first], steps[has_first], last[has_first]
+        self.parent._gaps(ends[:1], ends[0] - self._last_token[slots])  # noqa: SLF001 -- one recorder family
+        if len(ends) > 1:  # step j's gap, once for each request still in it
+            in_step = len(taken) - np.searchsorted(np.sort(taken), np.arange(1, len(ends)), side="right")
+            self.parent._gaps(ends[1:], np.diff(ends), in_step)  # noqa: SLF001
+        self._decode_s[slots] += last - self._last_token[slots]
+        self._last_token[slots] = last
+        self._tokens[slots] += steps
+        step_of = dict(zip(run.request_ids, taken.tolist(), strict=True))
+        left = []
+        for request in finished:  # each leaves when its last step ends
+            left += self._leave((request,), float(ends[step_of[request.request_id] - 1]))
+        return left
 
     def _decode_run_tokens(self, slots: NDArray[np.int32], ends: NDArray[np.float64], width: int = 0) -> None:
         """A token for each of ``slots`` (with first tokens) at each of ``ends``; ``width`` slices share later gaps."""

@@ -25,7 +25,8 @@ serve`` counts failed requests, and the run goes on; in a closed loop its client
 Between events, a worker whose batch is all decodes takes identical steps; with
 ``fast_forward`` it takes as many as happen before anything can change its batch in one
 vectorized computation (:meth:`phasesched.scheduler.Scheduler.decode_run`), with exactly the times that
-stepping one by one would give. Likewise, a decode-first batch with prompts part-way through a
+stepping one by one would give. A lone worker in an open loop, where nothing but arrivals reaches
+it, runs on past finishes while nothing waits: its batch then only shrinks. Likewise, a decode-first batch with prompts part-way through a
 chunked prefill takes the steps up to the next prefill's completion at once
 (:meth:`phasesched.scheduler.Scheduler.chunk_run`), each priced as its plan would be. In an open
 loop with several workers, a worker's batch changes only through what reaches it: a request
@@ -49,7 +50,7 @@ import numpy as np
 
 from phasesched.chunk_run import ChunkRun
 from phasesched.costmodel.protocol import CostModel, decode_step_times
-from phasesched.decode_run import DecodeRun
+from phasesched.decode_run import DecodeRun, segment_bounds
 from phasesched.errors import RequestRejectedError
 from phasesched.executor import StepResult
 from phasesched.kv import KVView
@@ -159,7 +160,18 @@ def _pages_added(kv: KVView, run: DecodeRun | ChunkRun, steps: int) -> int:
     """KV pages the first ``steps`` steps of ``run`` add, before any of them is committed."""
     if isinstance(run, ChunkRun):
         return int(run.growth[steps - 1])
-    return int(kv.pages_to_grow(run.slots, run.kv_len - 1 + steps).sum())
+    grown = run.kv_len - 1 + (run.steps_of(steps) if run.passes_finishes else steps)
+    return int(kv.pages_to_grow(run.slots, grown).sum())
+
+
+def _freed_by_last_step(kv: KVView, run: DecodeRun, steps: int) -> int:
+    """KV pages the requests finishing in step ``steps`` of ``run`` free after earlier finishes (asked pre-commit)."""
+    finishing = run.finish_at == steps
+    if not np.count_nonzero(finishing):
+        return 0
+    grown = int(kv.pages_to_grow(run.slots[finishing], run.kv_len[finishing] - 1 + steps).sum())
+    earlier = run.finish_at < steps
+    return grown + kv.freed_by_freeing(run.slots[earlier | finishing]) - kv.freed_by_freeing(run.slots[earlier])
 
 
 @attrs.define(eq=False)
@@ -405,7 +417,10 @@ class Simulator:
     def _fast_run(self, worker: _Worker) -> DecodeRun | ChunkRun | None:
         """The worker's next steps if they can be taken at once: pure decodes, or decodes beside prefill chunks."""
         scheduler = worker.scheduler
-        return scheduler.decode_run(self.max_decode_run) or scheduler.chunk_run(self.max_decode_run)
+        past_finishes = self._arrivals_queue_behind  # nothing but arrivals reaches the one worker
+        return scheduler.decode_run(self.max_decode_run, past_finishes=past_finishes) or scheduler.chunk_run(
+            self.max_decode_run
+        )
 
     def _start_step(self, worker: _Worker, now: float) -> None:
         """Schedule and price one step of ``worker`` (an idle one when nobody it holds can run now)."""
@@ -450,8 +465,15 @@ class Simulator:
         self._commit(worker, open_run.run, open_run.start, ends)
 
     def _commit(self, worker: _Worker, run: DecodeRun | ChunkRun, start: float, ends: np.ndarray) -> None:
-        """Apply the steps of ``run`` that end at ``ends`` to the worker's scheduler, recorder and counters."""
+        """Apply the steps of ``run`` that end at ``ends`` to the worker's scheduler, recorder and counters.
+
+        Requests finishing in the last of the steps leave when it ends (:meth:`_step_end`);
+        those that a run passing finishes finished earlier have left by then, and are reported now.
+        """
         kv, count = worker.scheduler.kv, len(ends)
+        if isinstance(run, DecodeRun) and run.passes_finishes:
+            self._commit_past_finishes(worker, run, start, ends)
+            return
         unfreed = kv.num_free_pages - _pages_added(kv, run, count)
         if isinstance(run, ChunkRun):
             finished = worker.scheduler.advance_chunks(run, count)
@@ -459,13 +481,27 @@ class Simulator:
         else:
             finished = worker.scheduler.advance(run, count)
             left = worker.recorder.on_decode_run(run, start, ends, finished)
+        worker.finishing_pages = kv.num_free_pages - unfreed  # freed early by the finishes
+        self._committed(worker, start, ends, left)
+
+    def _commit_past_finishes(self, worker: _Worker, run: DecodeRun, start: float, ends: np.ndarray) -> None:
+        count = len(ends)
+        worker.finishing_pages = _freed_by_last_step(worker.scheduler.kv, run, count)
+        finished = worker.scheduler.advance(run, count)
+        left = worker.recorder.on_decode_run(run, start, ends, finished)
+        earlier = run.finish_at[run.finish_at < count]
+        if len(earlier):
+            self._finished(len(earlier), float(ends[int(earlier.max()) - 1]))
+        self._committed(worker, start, ends, left[len(earlier) :])  # finishes come in step order
+
+    def _committed(self, worker: _Worker, start: float, ends: np.ndarray, left: list[str]) -> None:
+        """Count a commit; ``left`` are the requests its last step completed, which leave when it ends."""
         self._progress += 1
         worker.finishing = len(left)
         if worker.role is Role.PREFILL:
             worker.leaving = left  # their KV is sent when the step that completed them ends
-        worker.finishing_pages = kv.num_free_pages - unfreed  # freed early by the finishes
-        worker.steps += count
-        worker.fast_forwarded += count
+        worker.steps += len(ends)
+        worker.fast_forwarded += len(ends)
         worker.runs += 1
         worker.busy_s += float(ends[-1]) - start
 
@@ -473,6 +509,8 @@ class Simulator:
         """End times of the run's steps, priced in growing batches until one ends past ``horizon``."""
         if isinstance(run, ChunkRun):
             return self._chunk_step_ends(worker, run, now, horizon)
+        if run.passes_finishes:
+            return self._segment_step_ends(worker, run, now, horizon)
         priced = min(run.max_steps, 32)
         while True:
             durations = decode_step_times(worker.cost, run.kv_len, priced)
@@ -481,6 +519,21 @@ class Simulator:
             if priced == run.max_steps or ends[-1] >= horizon:
                 return ends
             priced = min(run.max_steps, priced * 4)
+
+    @staticmethod
+    def _segment_step_ends(worker: _Worker, run: DecodeRun, now: float, horizon: float) -> np.ndarray:
+        """End times of a run passing finishes, priced by segment in growing batches until one ends past ``horizon``."""
+        parts, end, taken, priced = [], now, 0, 32
+        for bound in segment_bounds(run.finish_at, run.max_steps):
+            kv_len = run.kv_len[run.finish_at > taken]
+            while taken < bound:
+                count = min(bound - taken, priced)
+                durations = decode_step_times(worker.cost, kv_len + taken, count)
+                parts.append(np.cumsum(np.concatenate(([end], durations)))[1:])  # as stepping accumulates the clock
+                end, taken, priced = float(parts[-1][-1]), taken + count, priced * 4
+                if end >= horizon:
+                    return np.concatenate(parts)
+        return np.concatenate(parts)
 
     @staticmethod
     def _chunk_step_ends(worker: _Worker, run: ChunkRun, now: float, horizon: float) -> np.ndarray:
