@@ -26,8 +26,9 @@ Between events, a worker whose batch is all decodes takes identical steps; with
 ``fast_forward`` it takes as many as happen before anything can change its batch in one
 vectorized computation (:meth:`phasesched.scheduler.Scheduler.decode_run`), with exactly the times that
 stepping one by one would give. A lone worker in an open loop, where nothing but arrivals reaches
-it, runs on past finishes while nothing waits: its batch then only shrinks. Likewise, a decode-first batch with prompts part-way through a
-chunked prefill takes the steps up to the next prefill's completion at once
+it, runs on past finishes while nothing waits: its batch then only shrinks. Likewise, a
+decode-first batch with prompts part-way through a chunked prefill takes the steps up to the
+next prefill's completion at once
 (:meth:`phasesched.scheduler.Scheduler.chunk_run`), each priced as its plan would be. In an open
 loop with several workers, a worker's batch changes only through what reaches it: a request
 routed to it (an arrival, or KV delivered to a decode worker) or held KV let go on it. Runs
