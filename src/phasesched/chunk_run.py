@@ -132,6 +132,8 @@ def plan_chunk_steps(  # noqa: PLR0913 -- the batch's state, as plain arrays
     growth: list[int] = []
     computed: list[int] = prefill_start.tolist()
     known: list[int] = prefill_known.tolist()
+    if spend_budget and _chunk_sizes(computed, known, tokens_left, chunk_limit)[1]:
+        return steps, growth  # the first step leaves budget over: the policy may admit with it
     prefill_growth = 0
     # A decode starts a page in step k when its context before the step, start + k, is a
     # multiple of the page size: the decodes whose start is -k modulo the page size.
@@ -140,13 +142,7 @@ def plan_chunk_steps(  # noqa: PLR0913 -- the batch's state, as plain arrays
     decode_ones = np.ones(len(decodes), dtype=np.int32)
     decode_samples = np.ones(len(decodes), dtype=bool)
     for j in range(max_steps):
-        left, sizes = tokens_left, []
-        for c, k in zip(computed, known, strict=True):  # _continue_prefills: admission order, until the budget is spent
-            size = min(chunk_limit, k - c, left)
-            if size <= 0:
-                break
-            sizes.append(size)
-            left -= size
+        sizes, left = _chunk_sizes(computed, known, tokens_left, chunk_limit)
         if spend_budget and left:
             break
         decode_growth += by_offset[-j % page_size]
@@ -171,3 +167,15 @@ def plan_chunk_steps(  # noqa: PLR0913 -- the batch's state, as plain arrays
         if any(samples):
             break
     return steps, growth
+
+
+def _chunk_sizes(computed: list[int], known: list[int], tokens_left: int, chunk_limit: int) -> tuple[list[int], int]:
+    """The ongoing prefills' chunks in a step, as ``_continue_prefills`` sizes them, and the budget they leave."""
+    left, sizes = tokens_left, []
+    for c, k in zip(computed, known, strict=True):  # admission order, until the budget is spent
+        size = min(chunk_limit, k - c, left)
+        if size <= 0:
+            break
+        sizes.append(size)
+        left -= size
+    return sizes, left
