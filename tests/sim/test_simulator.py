@@ -627,6 +627,26 @@ def test_one_workers_decode_runs_pass_finishes_when_nothing_waits() -> None:
     assert fast.metrics["duration"] == slow.metrics["duration"]
 
 
+def test_a_run_stopped_at_misses_stops_where_stepping_stops() -> None:
+    """With a miss limit, a lone worker's runs stop at finishes again: the second miss ends the run at its finish."""
+    workload = Workload(
+        "staggered", arrival_s=[0.0] * 6 + [5.0], prompt_len=[64] * 7, output_len=[20, 40, 60, 80, 100, 120, 10]
+    )
+    runs = [
+        simulate(
+            workload, load_policy("vllm"), fast_forward=fast, tpot_slo_s=1e-6, stop_after_missed=1, keep_requests=True
+        )
+        for fast in (True, False)
+    ]
+    assert [(r.stopped_early, r.metrics["completed"], r.metrics["duration"]) for r in runs] == [
+        (True, 2, runs[1].metrics["duration"])
+    ] * 2
+    progress: list[int] = []
+    simulate(workload, load_policy("vllm"), progress=lambda done, _: progress.append(done))
+    assert progress == sorted(progress)
+    assert progress[-1] == 7  # reported at the end of each run, with every finish it passed
+
+
 def test_replicas_take_long_runs_beside_each_other() -> None:
     """An arrival cuts only the run of the replica it is routed to, not every replica's."""
     result = simulate(fixed(40, prompt_len=256, output_len=400, rate=100.0), load_policy("vllm"), replicas=4)

@@ -194,6 +194,8 @@ class _Worker:
     """Requests a decode run in flight has finished ahead of its end: still counted as load."""
     finishing_pages: int = 0
     """Their KV pages: freed ahead of the run's end, still counted as held."""
+    finished_earlier: int = 0
+    """Requests a run passing finishes finished before its last step: reported (progress) at its end."""
     leaving: list[str] = attrs.Factory(list)
     """Requests a run in flight on a prefill worker has completed ahead of its end: sent on at its end."""
     open_run: _OpenRun | None = None
@@ -418,7 +420,9 @@ class Simulator:
     def _fast_run(self, worker: _Worker) -> DecodeRun | ChunkRun | None:
         """The worker's next steps if they can be taken at once: pure decodes, or decodes beside prefill chunks."""
         scheduler = worker.scheduler
-        past_finishes = self._arrivals_queue_behind  # nothing but arrivals reaches the one worker
+        # Nothing but arrivals reaches the lone worker. A run stopping at a miss count must stop at
+        # the finish that crosses it, which a run passing finishes would record ahead of its time.
+        past_finishes = self._arrivals_queue_behind and self.stop_after_missed is None
         return scheduler.decode_run(self.max_decode_run, past_finishes=past_finishes) or scheduler.chunk_run(
             self.max_decode_run
         )
@@ -491,8 +495,9 @@ class Simulator:
         finished = worker.scheduler.advance(run, count)
         left = worker.recorder.on_decode_run(run, start, ends, finished)
         earlier = run.finish_at[run.finish_at < count]
-        if len(earlier):
-            self._finished(len(earlier), float(ends[int(earlier.max()) - 1]))
+        if len(earlier):  # they left at their own steps' ends; reported, with the rest, at the run's
+            self._last_finish = max(self._last_finish, float(ends[int(earlier.max()) - 1]))
+            worker.finished_earlier = len(earlier)
         self._committed(worker, start, ends, left[len(earlier) :])  # finishes come in step order
 
     def _committed(self, worker: _Worker, start: float, ends: np.ndarray, left: list[str]) -> None:
@@ -558,8 +563,11 @@ class Simulator:
                 for request_id in leaving:
                     self._hold(worker, request_id)
                     self._start_transfer(request_id, now)
-            elif finished_in_run:
-                self._finished(finished_in_run, now)
+            elif finished_in_run or worker.finished_earlier:
+                if finished_in_run:
+                    self._last_finish = max(self._last_finish, now)
+                self._left(finished_in_run + worker.finished_earlier, now)
+                worker.finished_earlier = 0
             return
         assert worker.result is not None
         outcome = worker.scheduler.update(worker.plan, worker.result)
