@@ -458,7 +458,7 @@ class PagedKVManager:
         self._table[slots, : int(counts.max(initial=0))] = _NO_PAGE
         self._count[slots] = 0
         self._open[slots] = False
-        self._free_slots.extend(int(s) for s in slots)
+        self._free_slots.extend(slots.tolist())
         hashed = self._hashed[slots]
         self._hashed[slots] = 0
         return FreedTables(slots, counts, pages, len(released), held, parked, hashed)

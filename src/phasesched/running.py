@@ -263,7 +263,8 @@ class RunningArrays:
     def unload(self, slots: Int32Array) -> None:
         """Mark ``slots`` as no longer running, copying their progress back to their requests."""
         self.running[slots] = False
-        self.num_with_tokens -= int(np.count_nonzero(self.tokens_matter(slots)))
+        if self.num_with_tokens:  # a simulator's requests carry none
+            self.num_with_tokens -= int(np.count_nonzero(self.tokens_matter(slots)))
         generated = (self.known[slots] - self.prompt_len[slots]).tolist()
         for slot, seq, count in zip(slots.tolist(), self.seqs[slots].tolist(), generated, strict=True):
             if seq.outputs is not None:

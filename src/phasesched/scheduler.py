@@ -1534,7 +1534,7 @@ class Scheduler:
         ):
             return None
         start, known = arrays.computed[running], arrays.known[running]
-        if np.count_nonzero(known - start - 1) or np.any(start < arrays.prompt_len[running]):
+        if np.count_nonzero(known - start - 1) or np.count_nonzero(start < arrays.prompt_len[running]):
             return None  # a prefill is under way, if only a prompt's last token
         new_pages = self._kv.pages_to_grow(running, start + 1)
         growth = int(new_pages.sum())
