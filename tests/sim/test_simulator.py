@@ -440,8 +440,15 @@ def test_stop_after_missed_stops_exactly_when_the_whole_run_misses_more(
     if part_result.stopped_early:
         assert limit < part.recorder.missed <= whole.recorder.missed
         assert part.recorder.completed <= whole.recorder.completed
-    else:
-        assert _same(part_result.metrics.values, whole_result.metrics.values)
+    else:  # the same run, but for sums taken in another order (a lone worker's runs stop at finishes under a limit)
+        assert _same_up_to_rounding(part_result.metrics.values, whole_result.metrics.values)
+
+
+def _same_up_to_rounding(a: dict[str, float], b: dict[str, float]) -> bool:
+    """:func:`_same`, but means, deviations and throughputs (sums in some order) only to within 1e-9."""
+    inexact = {k for k in a if k.startswith(("mean_", "std_")) or k.endswith("throughput")}
+    exact = _same({k: v for k, v in a.items() if k not in inexact}, {k: v for k, v in b.items() if k not in inexact})
+    return exact and all(a[k] == pytest.approx(b[k], rel=1e-9, abs=1e-12, nan_ok=True) for k in inexact)
 
 
 def test_a_late_first_token_counts_as_missed_before_its_request_finishes() -> None:
