@@ -88,6 +88,22 @@ class TestAbandon:
         assert victim in scheduler.schedule().preempted
         scheduler.check_invariants()
 
+    def test_no_decode_run_skips_the_plan_that_reports_carried_preemptions(self) -> None:
+        """A simulation's decode run waits for the plan that lists an abandoned plan's preemptions."""
+        scheduler = Scheduler(SchedulerConfig(num_pages=4, page_size=2), SchedulingPolicy(budget=TokenBudget(64, 4)))
+        for index in range(2):
+            scheduler.add_request(Request(f"r{index}", prompt_len=2, max_new_tokens=6, ignore_eos=True))
+        plan = scheduler.schedule()
+        while not plan.preempted:  # both cross a page boundary: one is preempted
+            scheduler.update(plan, DeterministicExecutor().execute(plan))
+            plan = scheduler.schedule()
+        scheduler.abandon(plan)
+        assert scheduler.decode_run(100) is None
+        plan = scheduler.schedule()
+        assert plan.preempted
+        scheduler.update(plan, DeterministicExecutor().execute(plan))
+        assert scheduler.decode_run(100) is not None  # the survivor decodes on; the victim waits for room
+
     def test_requests_aborted_in_flight_are_retired(self) -> None:
         """A request aborted while its plan was in flight ends when the plan is abandoned."""
         scheduler = scheduler_for(SchedulingPolicy())

@@ -19,11 +19,13 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
+import phasesched.kv
 from phasesched import (
     DeterministicExecutor,
     FinishedRequest,
     InvalidPlanError,
     PhaseschedError,
+    PolicyOptions,
     Request,
     RequestRejectedError,
     Scheduler,
@@ -31,12 +33,14 @@ from phasesched import (
     SchedulingPolicy,
     Selection,
     StepPlan,
+    load_policy,
 )
 from phasesched.plan import build_step_plan
 from phasesched.policies import ChunkContext, PhasePriority, PrefillCandidate, VictimOrder
 from phasesched.policies.builder import BatchBuilder
 from phasesched.policies.chunking import ChunkSizer
 from phasesched.policies.queue_order import QueueOrder
+from phasesched.prefix import PromptBlocks
 from phasesched.view import SchedulerView
 from tests.strategies import PRESETS, Fault, InjectedFaultError, Shape, preset, request_of, workloads
 
@@ -297,6 +301,39 @@ class TestAtomicity:
         assert state_of(scheduler) == before
         scheduler.check_invariants()
         assert scheduler.fail("r0", "gone").status.value == "failed"
+
+    @pytest.mark.parametrize("fail_in", ["park", "tail_first"])
+    def test_a_finish_that_fails_while_releasing_pages_changes_nothing(self, fail_in: str) -> None:
+        """A fault after the freed tables' references are dropped (parking cached pages) leaves them as they were."""
+        options = PolicyOptions(enable_prefix_caching=True)
+        scheduler = Scheduler(SchedulerConfig(num_pages=64, page_size=4), load_policy("vllm", options))
+        blocks = PromptBlocks(4, (1, 2, 3))
+        scheduler.add_request(Request("a", prompt_len=12, max_new_tokens=2, ignore_eos=True, prompt_blocks=blocks))
+        scheduler.add_request(Request("b", prompt_len=12, max_new_tokens=9, ignore_eos=True, prompt_blocks=blocks))
+        executor = DeterministicExecutor()
+        plan = scheduler.schedule()
+        scheduler.update(plan, executor.execute(plan))  # "a" and "b" share their three prompt pages
+        plan = scheduler.schedule()
+        result = executor.execute(plan)  # its update finishes "a"
+        fault = Fault(0)
+        if fail_in == "park":
+            cache = scheduler._kv._cache
+            assert cache is not None
+            cache.park = fault.wrap(cache.park)  # type: ignore[method-assign,assignment]
+        else:
+            patch = mock.patch("phasesched.kv._tail_first", fault.wrap(phasesched.kv._tail_first))
+            patch.start()
+        before = state_of(scheduler)
+        try:
+            with pytest.raises(InjectedFaultError):
+                scheduler.update(plan, result)
+            assert state_of(scheduler) == before
+            scheduler.check_invariants()
+            assert [f.request_id for f in scheduler.update(plan, result).finished] == ["a"]
+        finally:
+            if fail_in != "park":
+                patch.stop()
+        scheduler.check_invariants()
 
     def test_advance_is_atomic(self) -> None:
         """A decode run whose finishing step fails part-way leaves the scheduler as it was."""

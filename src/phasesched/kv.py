@@ -440,18 +440,13 @@ class PagedKVManager:
         if len(slots) == 0:
             return FreedTables(slots, counts, np.empty(0, np.int32), 0, held)
         _, pages = self.gather(slots, counts)
-        if self._shared and self._refcount[pages].max(initial=0) > 1:  # shared pages: count every reference
-            np.subtract.at(self._refcount, pages, 1)
-            released = _tail_first(pages[self._refcount[pages] == 0], several=len(slots) > 1)
-        elif self._shared:  # no page is shared, so each appears once
-            self._refcount[pages] = 0
-            released = _tail_first(pages, several=False)
-        else:  # every page has one owner, so each appears once and is released
-            self._refcount[pages] = 0
-            released = pages
-        parked = _NO_PAGES
-        if self._cache is not None:
-            released, parked = self._park(released)
+        references = self._refcount[pages]  # a copy: what to restore if releasing fails part-way
+        try:
+            released, parked = self._release(pages, several=len(slots) > 1)
+        except BaseException:  # nothing else has changed yet: put the references and holds back
+            self._refcount[pages] = references
+            self._unhold(held)
+            raise
         top = self._num_free
         self._free[top : top + len(released)] = released
         self._num_free += len(released)
@@ -463,12 +458,34 @@ class PagedKVManager:
         self._hashed[slots] = 0
         return FreedTables(slots, counts, pages, len(released), held, parked, hashed)
 
+    def _release(self, pages: Int32Array, *, several: bool) -> tuple[Int32Array, Int32Array]:
+        """Drop one reference to each of ``pages`` (freed tables' pages in token order); park the cached ones released.
+
+        Returns the released pages for the plain pool, and those parked in the cache.
+        """
+        if self._shared and self._refcount[pages].max(initial=0) > 1:  # shared pages: count every reference
+            np.subtract.at(self._refcount, pages, 1)
+            released = _tail_first(pages[self._refcount[pages] == 0], several=several)
+        elif self._shared:  # no page is shared, so each appears once
+            self._refcount[pages] = 0
+            released = _tail_first(pages, several=False)
+        else:  # every page has one owner, so each appears once and is released
+            self._refcount[pages] = 0
+            released = pages
+        if self._cache is None:
+            return released, _NO_PAGES
+        return self._park(released)
+
+    def _unhold(self, held: Int32Array) -> None:
+        """Undo :meth:`_hold_deferred`: the tables are marked again rather than held."""
+        if len(held):
+            self._held[held] = False
+            self._deferred[held] = True
+            self._num_deferred += len(held)
+
     def unfree(self, freed: FreedTables) -> None:
         """Undo the :meth:`free_many` call that returned ``freed``; nothing else may have changed since."""
-        if len(freed.held):
-            self._held[freed.held] = False
-            self._deferred[freed.held] = True
-            self._num_deferred += len(freed.held)
+        self._unhold(freed.held)
         if not len(freed.slots):
             return
         self._num_free -= freed.num_released  # its pages sit on top of the pool, as it left them

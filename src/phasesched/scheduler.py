@@ -1228,8 +1228,8 @@ class Scheduler:
         if not is_int(max_steps):
             msg = f"max_steps must be an int, got {max_steps!r}"
             raise InvalidArgumentError(msg)
-        if max_steps < 1 or self._arrays.num_with_tokens or not self._steady_fast_path:
-            return None
+        if max_steps < 1 or self._arrays.num_with_tokens or not self._steady_fast_path or self._carried_preempted:
+            return None  # (an abandoned plan's preemptions are reported by the next plan)
         step = self._steady_step()
         if step is None:
             self._unsteady_at = self._version
