@@ -1301,20 +1301,12 @@ class Scheduler:
 
     def _advance_at_once(self, run: DecodeRun, num_steps: int, journal: Journal) -> tuple[FinishedRequest, ...] | None:
         """The first ``num_steps`` of a run passing finishes in one go, if no step needs a page a finish frees."""
-        arrays, kv, slots = self._arrays, self._kv, run.slots
+        kv, slots = self._kv, run.slots
         steps = run.steps_of(num_steps)
-        computed = arrays.computed[slots] + steps
-        growth = kv.pages_to_grow(slots, computed)
+        growth = kv.pages_to_grow(slots, self._arrays.computed[slots] + steps)
         if int(growth.sum()) > kv.num_free_pages - kv.num_cached_pages:
             return None  # stepping would reuse a finished request's pages, or evict cached ones, in its order
-        self._extend(slots, growth, journal)
-        known = arrays.known[slots] + steps
-
-        def undo() -> None:
-            arrays.computed[slots], arrays.known[slots] = computed - steps, known - steps
-
-        journal.record(undo)
-        arrays.computed[slots], arrays.known[slots] = computed, known
+        self._decode_tokens(slots, steps, growth, journal)
         ending = np.flatnonzero(run.finish_at <= num_steps)
         in_order = ending[np.argsort(run.finish_at[ending], kind="stable")]  # as stepping finishes them
         latest_first = ending[np.argsort(-run.finish_at[ending], kind="stable")]  # as their pages must be freed
@@ -1328,17 +1320,24 @@ class Scheduler:
     def _advance_segment(self, slots: Int32Array, num_steps: int, journal: Journal) -> Int32Array:
         """``num_steps`` identical decode steps of ``slots``; returns those that reached their last token."""
         arrays = self._arrays
-        computed = arrays.computed[slots] + num_steps
-        self._extend(slots, self._kv.pages_to_grow(slots, computed), journal)
-        known = arrays.known[slots] + num_steps
+        growth = self._kv.pages_to_grow(slots, arrays.computed[slots] + num_steps)
+        self._decode_tokens(slots, num_steps, growth, journal)
+        done: Int32Array = slots[arrays.known[slots] >= arrays.max_known[slots]]
+        return done
+
+    def _decode_tokens(
+        self, slots: Int32Array, steps: int | Int32Array, growth: NDArray[np.int64], journal: Journal
+    ) -> None:
+        """``slots`` each compute and sample ``steps`` tokens (one per decode step), adding ``growth`` pages."""
+        arrays = self._arrays
+        self._extend(slots, growth, journal)
+        computed, known = arrays.computed[slots] + steps, arrays.known[slots] + steps
 
         def undo() -> None:
-            arrays.computed[slots], arrays.known[slots] = computed - num_steps, known - num_steps
+            arrays.computed[slots], arrays.known[slots] = computed - steps, known - steps
 
         journal.record(undo)
         arrays.computed[slots], arrays.known[slots] = computed, known
-        done: Int32Array = slots[known >= arrays.max_known[slots]]
-        return done
 
     def chunk_run(self, max_steps: int) -> ChunkRun | None:
         """The next steps, if they are certain to be decode-first steps with prefill chunks (a simulation fast path).
@@ -1501,7 +1500,6 @@ class Scheduler:
         done = last.slots[last.samples & (arrays.known[last.slots] >= arrays.max_known[last.slots])]
         if not len(done):
             return ()
-        self._save_scalars(journal)
         return self._finish(done, [FinishReason.LENGTH] * len(done), journal)
 
     def _waiting_unseated(self) -> bool:

@@ -420,12 +420,7 @@ class WorkerRecorder:
         slots, last = run.slots, float(ends[-1])
         has_first = self._has_first[slots]
         if np.count_nonzero(has_first) < len(slots):  # step 0 is a prompt's last token, or a decode worker's first
-            early = slots[~has_first]
-            for slot in early.tolist():
-                self._early_slice(slot, sampled=True, start=start, end=float(ends[0]))
-            self._decode_s[early] += last - float(ends[0])
-            self._tokens[early] += len(ends) - 1
-            self._last_token[early] = last
+            self._early_run(slots[~has_first], start, float(ends[0]), last, len(ends))
             slots = slots[has_first]
         self._decode_run_tokens(slots, ends, len(run.slots))
         return self._leave(finished, last)
@@ -439,11 +434,7 @@ class WorkerRecorder:
         has_first = self._has_first[slots]
         if np.count_nonzero(has_first) < len(slots):  # step 0 is a prompt's last token, or a decode worker's first
             early = ~has_first
-            for slot in slots[early].tolist():
-                self._early_slice(slot, sampled=True, start=start, end=float(ends[0]))
-            self._decode_s[slots[early]] += last[early] - float(ends[0])
-            self._tokens[slots[early]] += steps[early] - 1
-            self._last_token[slots[early]] = last[early]
+            self._early_run(slots[early], start, float(ends[0]), last[early], steps[early])
             slots, steps, last = slots[has_first], steps[has_first], last[has_first]
         self.parent._gaps(ends[:1], ends[0] - self._last_token[slots])  # noqa: SLF001 -- one recorder family
         if len(ends) > 1:  # step j's gap, once for each request still in it
@@ -457,6 +448,21 @@ class WorkerRecorder:
         for request in finished:  # each leaves when its last step ends
             left += self._leave((request,), float(ends[step_of[request.request_id] - 1]))
         return left
+
+    def _early_run(
+        self,
+        slots: NDArray[np.int32],
+        start: float,
+        first_end: float,
+        last: float | NDArray[np.float64],
+        steps: int | NDArray[np.int32],
+    ) -> None:
+        """Run requests whose first step (ending at ``first_end``) gives their first token; their later tokens."""
+        for slot in slots.tolist():
+            self._early_slice(slot, sampled=True, start=start, end=first_end)
+        self._decode_s[slots] += last - first_end
+        self._tokens[slots] += steps - 1
+        self._last_token[slots] = last
 
     def _decode_run_tokens(self, slots: NDArray[np.int32], ends: NDArray[np.float64], width: int = 0) -> None:
         """A token for each of ``slots`` (with first tokens) at each of ``ends``; ``width`` slices share later gaps."""
