@@ -14,40 +14,45 @@ ROOT="${ROOT:-$REPO/.venv-vllm}"
 VENV="$ROOT/venv"
 TORCH_WHL="${TORCH_WHL:-${PIP_FIND_LINKS:-/opt/wheels}/torch-2.13.0+cpu-cp311-cp311-manylinux_2_28_x86_64.whl}"
 
-# vLLM's wheel is 326 MB from PyPI; one interrupted connection must not fail CI. Each try resumes
-# where the last left off (--resume-retries); tries are spaced out for a network that comes back.
-fetch_vllm_wheel() {
+# The venv takes vLLM's 326 MB wheel and some 60 packages from PyPI; one interrupted connection must
+# not fail CI. Each download resumes where it broke off (--resume-retries), and a failed step is
+# tried again, four tries over three minutes, for a network that comes back.
+retry() {
     local try
     for try in 1 2 3 4; do
-        if "$VENV/bin/pip" download -q vllm==0.32.0 --no-deps --resume-retries 20 -d "$ROOT/wheels"; then
-            return 0
-        fi
-        echo "ci.sh: vLLM 0.32.0 wheel download failed (try $try of 4)" >&2
+        "$@" && return 0
+        echo "ci.sh: failed (try $try of 4): $*" >&2
         [ "$try" -lt 4 ] && sleep $((try * 30))
     done
     return 1
 }
 
+# Called in a condition, where set -e is off: hence the && chain.
+build_venv() {
+    mkdir -p "$ROOT/wheels" &&
+        python3.11 -m venv "$VENV" &&
+        retry "$VENV/bin/pip" install -q -U pip &&
+        # torch 2.13.0+cpu satisfies vllm 0.32.0's torch==2.13.0 pin; no CUDA library is downloaded.
+        "$VENV/bin/pip" install -q "$TORCH_WHL" &&
+        retry "$VENV/bin/pip" download -q --resume-retries 20 vllm==0.32.0 --no-deps -d "$ROOT/wheels" &&
+        "$VENV/bin/pip" install -q --no-deps "$ROOT"/wheels/vllm-0.32.0-*.whl &&
+        retry "$VENV/bin/pip" install -q --resume-retries 20 -r "$HERE/ci/requirements-cpu-subset.txt"
+}
+
 if ! "$VENV/bin/python" -c "import vllm, torch" >/dev/null 2>&1; then
-    mkdir -p "$ROOT/wheels"
-    python3.11 -m venv "$VENV"
-    "$VENV/bin/pip" install -q -U pip
-    # torch 2.13.0+cpu satisfies vllm 0.32.0's torch==2.13.0 pin; no CUDA library is downloaded.
-    "$VENV/bin/pip" install -q "$TORCH_WHL"
-    if ! fetch_vllm_wheel; then
-        # PyPI unreachable is the one failure that does not fail CI (set PHASESCHED_VLLM_REQUIRED=1
-        # to make it fail); anything else that breaks below does.
+    if ! build_venv; then
+        rm -rf "$VENV"  # half built: the next run starts again
+        # PyPI out of reach is the one failure that does not fail CI (PHASESCHED_VLLM_REQUIRED=1
+        # makes it fail); the adapter's type check and tests below fail it as usual.
         cat >&2 <<'BANNER'
 ======================================================================================
-ci.sh: NOT RUN -- the vLLM differential tests: vLLM 0.32.0's wheel could not be
-downloaded from PyPI after 4 tries (the network, not phasesched). Rerun to run them.
+ci.sh: NOT RUN -- the vLLM differential tests: vLLM 0.32.0's environment could not be
+installed from PyPI after 4 tries (see the pip errors above). Rerun to run them.
 ======================================================================================
 BANNER
         [ "${PHASESCHED_VLLM_REQUIRED:-0}" = 1 ] && exit 1
         exit 0
     fi
-    "$VENV/bin/pip" install -q --no-deps "$ROOT"/wheels/vllm-0.32.0-*.whl
-    "$VENV/bin/pip" install -q -r "$HERE/ci/requirements-cpu-subset.txt"
 fi
 "$VENV/bin/pip" install -q "pytest>=8" "hypothesis>=6.100" "attrs>=23.1" "mypy>=1.10"
 "$VENV/bin/pip" install -q --no-deps -e "$REPO" -e "$HERE" -e "$REPO/examples/custom_policy"
