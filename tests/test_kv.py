@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import copy
+import pickle
+
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -451,3 +454,20 @@ def test_the_token_buffer_keeps_every_row_through_growth(
             rows[slot] = rows[slot] + [int(buffer.ids[slot, p]) for p in range(len(rows[slot]), position)] + [token]
         for held, tokens in rows.items():
             assert buffer.row(held, 0, len(tokens)) == tokens
+
+
+def test_the_token_buffer_copies_and_pickles_as_a_plain_array() -> None:
+    """Its rows live in memory mapped page by page (see ``running._zeros``), yet copy and pickle by value."""
+    buffer = TokenBuffer()
+    buffer.load(3, tuple(range(1, 600)), [7, 8])
+    twin = copy.deepcopy(buffer)
+    unpickled = pickle.loads(pickle.dumps(buffer))  # noqa: S301 -- pickled just above
+    buffer.write(np.array([3], np.int32), np.array([601], np.int32), np.array([9], np.int32))
+    for other in (twin, unpickled):
+        assert other.row(3, 0, 601) == [*range(1, 600), 7, 8]
+        assert other.ids.flags.writeable
+        other.write(np.array([3], np.int32), np.array([601], np.int32), np.array([5], np.int32))
+        assert other.row(3, 601, 602) == [5]
+    assert buffer.row(3, 599, 602) == [7, 8, 9]
+    assert not buffer.ids[:, 700:].any()  # the rest reads as zeros
+    assert not buffer.ids[4:].any()

@@ -6,6 +6,7 @@ steady decode step a few vectorized operations however many requests run.
 
 from __future__ import annotations
 
+import mmap
 from collections.abc import Callable
 from typing import Any, ClassVar, NamedTuple
 
@@ -33,7 +34,7 @@ class TokenBuffer:
     """
 
     def __init__(self, row_lengths: Callable[[int], NDArray[np.integer[Any]]] | None = None) -> None:
-        self.ids = np.zeros((8, 64), dtype=np.int32)
+        self.ids = _zeros(8, 64)
         self._written = 0  # columns written so far, in any row: the rest of every row is zeros
         self._rows = 0  # rows loaded so far: the rows below are zeros
         self._row_lengths = row_lengths
@@ -95,13 +96,30 @@ class TokenBuffer:
             height *= 2
         while width < columns:
             width *= 2
-        grown = np.zeros((height, width), dtype=np.int32)  # zero pages are mapped lazily: untouched, they cost nothing
+        grown = _zeros(height, width)
         used_rows, used_columns = self._rows, self._written
         if self._row_lengths is None or not used_rows:
             grown[:used_rows, :used_columns] = self.ids[:used_rows, :used_columns]
         else:
             _copy_rows(self.ids, grown, np.minimum(self._row_lengths(used_rows), used_columns))
         self.ids = grown
+
+
+def _zeros(rows: int, columns: int) -> Int32Array:
+    """An int32 ``rows x columns`` array of zeros whose memory is mapped 4 KiB at a time, as it is written.
+
+    Rows are long (the longest request's length) and mostly empty, and the rest of the memory
+    stays unmapped. ``np.zeros`` asks Linux for huge pages on arrays this large, so that writing
+    a row's first tokens maps and zeroes 2 MiB around them. The buffer then takes about its whole
+    size in memory, and growing it copies the rows into a fresh one: 60 to 90 ms when a 16K
+    prompt joins 256 short sequences, rather than 2 ms here.
+    """
+    count = rows * columns
+    memory = mmap.mmap(-1, 4 * count)  # anonymous: zeroed by the kernel, page by page, on first touch
+    if hasattr(mmap, "MADV_NOHUGEPAGE"):  # Linux; also where huge pages are on for every mapping
+        memory.madvise(mmap.MADV_NOHUGEPAGE)
+    zeros: Int32Array = np.frombuffer(memory, dtype=np.int32, count=count).reshape(rows, columns)
+    return zeros
 
 
 def _copy_rows(source: Int32Array, target: Int32Array, lengths: NDArray[np.integer[Any]]) -> None:
