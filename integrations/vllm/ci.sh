@@ -33,13 +33,17 @@ build_venv() {
         python3.11 -m venv "$VENV" &&
         retry "$VENV/bin/pip" install -q -U pip &&
         # torch 2.13.0+cpu satisfies vllm 0.32.0's torch==2.13.0 pin; no CUDA library is downloaded.
-        "$VENV/bin/pip" install -q "$TORCH_WHL" &&
+        retry "$VENV/bin/pip" install -q "$TORCH_WHL" &&
         retry "$VENV/bin/pip" download -q --resume-retries 20 vllm==0.32.0 --no-deps -d "$ROOT/wheels" &&
         "$VENV/bin/pip" install -q --no-deps "$ROOT"/wheels/vllm-0.32.0-*.whl &&
         retry "$VENV/bin/pip" install -q --resume-retries 20 -r "$HERE/ci/requirements-cpu-subset.txt"
 }
 
 if ! "$VENV/bin/python" -c "import vllm, torch" >/dev/null 2>&1; then
+    if [ ! -f "$TORCH_WHL" ]; then  # a set-up error, not the network: it fails CI
+        echo "ci.sh: no CPU torch 2.13.0 wheel at $TORCH_WHL (set TORCH_WHL or PIP_FIND_LINKS)" >&2
+        exit 1
+    fi
     if ! build_venv; then
         rm -rf "$VENV"  # half built: the next run starts again
         # PyPI out of reach is the one failure that does not fail CI (PHASESCHED_VLLM_REQUIRED=1
