@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import copy
+import errno
+import mmap
 import pickle
+import types
 
 import numpy as np
 import pytest
@@ -20,6 +23,7 @@ from phasesched import (
     Scheduler,
     SchedulerConfig,
     SchedulingPolicy,
+    running,
 )
 from phasesched.kv import _parents
 from phasesched.policies import TokenBudget
@@ -471,3 +475,19 @@ def test_the_token_buffer_copies_and_pickles_as_a_plain_array() -> None:
     assert buffer.row(3, 599, 602) == [7, 8, 9]
     assert not buffer.ids[:, 700:].any()  # the rest reads as zeros
     assert not buffer.ids[4:].any()
+
+
+def test_the_token_buffer_grows_where_the_kernel_refuses_the_no_huge_pages_advice(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A kernel built without huge pages answers the advice with EINVAL: the buffer works all the same."""
+
+    class Refusing(mmap.mmap):
+        def madvise(self, option: int, start: int = 0, length: int = 0) -> None:
+            raise OSError(errno.EINVAL, "Invalid argument")
+
+    monkeypatch.setattr(running, "mmap", types.SimpleNamespace(mmap=Refusing, MADV_NOHUGEPAGE=14))
+    buffer = TokenBuffer()
+    buffer.load(20, tuple(range(1, 3000)), [])  # grows past the first rows and columns
+    assert buffer.row(20, 2990, 2999) == list(range(2991, 3000))
+    assert not buffer.ids[:20].any()
