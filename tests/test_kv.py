@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import errno
+import itertools
 import mmap
 import pickle
 import types
@@ -23,7 +24,7 @@ from phasesched import (
     Scheduler,
     SchedulerConfig,
     SchedulingPolicy,
-    running,
+    mapped,
 )
 from phasesched.kv import _parents
 from phasesched.policies import TokenBudget
@@ -461,7 +462,7 @@ def test_the_token_buffer_keeps_every_row_through_growth(
 
 
 def test_the_token_buffer_copies_and_pickles_as_a_plain_array() -> None:
-    """Its rows live in memory mapped page by page (see ``running._zeros``), yet copy and pickle by value."""
+    """Its rows live in memory mapped page by page (see ``mapped.mapped_zeros``), yet copy and pickle by value."""
     buffer = TokenBuffer()
     buffer.load(3, tuple(range(1, 600)), [7, 8])
     twin = copy.deepcopy(buffer)
@@ -486,8 +487,27 @@ def test_the_token_buffer_grows_where_the_kernel_refuses_the_no_huge_pages_advic
         def madvise(self, option: int, start: int = 0, length: int = 0) -> None:
             raise OSError(errno.EINVAL, "Invalid argument")
 
-    monkeypatch.setattr(running, "mmap", types.SimpleNamespace(mmap=Refusing, MADV_NOHUGEPAGE=14))
+    monkeypatch.setattr(mapped, "mmap", types.SimpleNamespace(mmap=Refusing, MADV_NOHUGEPAGE=14))
     buffer = TokenBuffer()
     buffer.load(20, tuple(range(1, 3000)), [])  # grows past the first rows and columns
     assert buffer.row(20, 2990, 2999) == list(range(2991, 3000))
     assert not buffer.ids[:20].any()
+
+
+def test_tables_keep_their_pages_when_a_long_table_widens_them_and_rows_grow() -> None:
+    """Widening copies each table's own pages only; freed tables' stale entries are never read."""
+    kv = PagedKVManager(num_pages=4096, page_size=16)
+    slots = np.array([kv.open() for _ in range(8)], dtype=np.int32)
+    kv.extend_many(slots, np.arange(1, 9, dtype=np.int64))
+    kv.free_many(slots[::2])  # their entries stay behind, past a count of zero
+    kept = {int(slot): kv.pages(int(slot)).tolist() for slot in slots[1::2]}
+    long = kv.open()  # a ninth table: the rows double
+    kv.extend_many(np.array([long], np.int32), np.array([3000], np.int64))  # far past the width
+    reused = kv.open()  # a freed row again: it starts empty, whatever its entries held
+    assert kv.page_count(reused) == 0
+    kv.grow_to(reused, 16 * 5)
+    for slot, pages in kept.items():
+        assert kv.pages(slot).tolist() == pages
+    everything = [*itertools.chain.from_iterable(kept.values()), *kv.pages(long).tolist(), *kv.pages(reused).tolist()]
+    assert len(set(everything)) == len(everything) == 4 + 6 + 8 + 2 + 3000 + 5
+    kv.check_invariants()

@@ -6,14 +6,13 @@ steady decode step a few vectorized operations however many requests run.
 
 from __future__ import annotations
 
-import contextlib
-import mmap
 from collections.abc import Callable
 from typing import Any, ClassVar, NamedTuple
 
 import numpy as np
 from numpy.typing import NDArray
 
+from phasesched.mapped import copy_prefixes, mapped_zeros
 from phasesched.prefix import page_contents
 from phasesched.sequence import SequenceState
 
@@ -35,7 +34,7 @@ class TokenBuffer:
     """
 
     def __init__(self, row_lengths: Callable[[int], NDArray[np.integer[Any]]] | None = None) -> None:
-        self.ids = _zeros(8, 64)
+        self.ids = mapped_zeros(8, 64)
         self._written = 0  # columns written so far, in any row: the rest of every row is zeros
         self._rows = 0  # rows loaded so far: the rows below are zeros
         self._row_lengths = row_lengths
@@ -97,40 +96,13 @@ class TokenBuffer:
             height *= 2
         while width < columns:
             width *= 2
-        grown = _zeros(height, width)
+        grown = mapped_zeros(height, width)
         used_rows, used_columns = self._rows, self._written
         if self._row_lengths is None or not used_rows:
             grown[:used_rows, :used_columns] = self.ids[:used_rows, :used_columns]
         else:
-            _copy_rows(self.ids, grown, np.minimum(self._row_lengths(used_rows), used_columns))
+            copy_prefixes(self.ids, grown, np.minimum(self._row_lengths(used_rows), used_columns))
         self.ids = grown
-
-
-def _zeros(rows: int, columns: int) -> Int32Array:
-    """An int32 ``rows x columns`` array of zeros whose memory is mapped 4 KiB at a time, as it is written.
-
-    Rows are as long as the longest request and mostly empty; what is never written stays
-    unmapped. ``np.zeros`` asks Linux for huge pages on arrays this large, so writing a row's
-    first tokens maps and zeroes the 2 MiB around them: the buffer then takes about its whole
-    size in memory, and growing it (a copy into a fresh one) took 41 ms when a 16K prompt joined
-    256 short sequences, against about 1 ms here.
-    """
-    count = rows * columns
-    memory = mmap.mmap(-1, 4 * count)  # anonymous: zeroed by the kernel, page by page, on first touch
-    if hasattr(mmap, "MADV_NOHUGEPAGE"):  # Linux; it matters where huge pages are on for every mapping
-        with contextlib.suppress(OSError):  # a kernel built without huge pages refuses the advice
-            memory.madvise(mmap.MADV_NOHUGEPAGE)
-    zeros: Int32Array = np.frombuffer(memory, dtype=np.int32, count=count).reshape(rows, columns)
-    return zeros
-
-
-def _copy_rows(source: Int32Array, target: Int32Array, lengths: NDArray[np.integer[Any]]) -> None:
-    """Copy the first ``lengths[i]`` tokens of each row ``i``: nine rows in ten as one block, the longest one by one."""
-    at = (len(lengths) - 1) * 9 // 10
-    block = int(np.partition(lengths, at)[at])
-    target[: len(lengths), :block] = source[: len(lengths), :block]
-    for row in np.flatnonzero(lengths > block).tolist():
-        target[row, block : lengths[row]] = source[row, block : lengths[row]]
 
 
 class SavedRows(NamedTuple):

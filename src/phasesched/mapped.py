@@ -1,0 +1,47 @@
+"""int32 tables whose memory is mapped as it is written: the token buffer and the KV page tables.
+
+Both are a row per running request, as long as the longest one, and mostly empty. What is
+never written stays unmapped, so a table sized for one 128K prompt among a thousand short
+ones costs about the short ones' memory, and growing it copies only the rows' used prefixes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import mmap
+from typing import Any
+
+import numpy as np
+from numpy.typing import NDArray
+
+__all__ = ["copy_prefixes", "mapped_zeros"]
+
+Int32Array = NDArray[np.int32]
+
+
+def mapped_zeros(rows: int, columns: int) -> Int32Array:
+    """An int32 ``rows x columns`` array of zeros whose memory is mapped 4 KiB at a time, as it is written.
+
+    ``np.zeros`` asks Linux for huge pages on arrays this large, so writing a row's first
+    entries maps and zeroes the 2 MiB around them: the array then takes about its whole size
+    in memory, and growing the token buffer (a copy into a fresh one) took 41 ms when a 16K
+    prompt joined 256 short sequences, against about 1 ms here.
+    """
+    count = rows * columns
+    memory = mmap.mmap(-1, 4 * count)  # anonymous: zeroed by the kernel, page by page, on first touch
+    if hasattr(mmap, "MADV_NOHUGEPAGE"):  # Linux; it matters where huge pages are on for every mapping
+        with contextlib.suppress(OSError):  # a kernel built without huge pages refuses the advice
+            memory.madvise(mmap.MADV_NOHUGEPAGE)
+    zeros: Int32Array = np.frombuffer(memory, dtype=np.int32, count=count).reshape(rows, columns)
+    return zeros
+
+
+def copy_prefixes(source: Int32Array, target: Int32Array, lengths: NDArray[np.integer[Any]]) -> None:
+    """Copy the first ``lengths[i]`` entries of each row ``i``: nine rows in ten as one block, the longest alone."""
+    if not len(lengths):
+        return
+    at = (len(lengths) - 1) * 9 // 10
+    block = int(np.partition(lengths, at)[at])
+    target[: len(lengths), :block] = source[: len(lengths), :block]
+    for row in np.flatnonzero(lengths > block).tolist():
+        target[row, block : lengths[row]] = source[row, block : lengths[row]]
