@@ -6,6 +6,7 @@ import copy
 import errno
 import itertools
 import mmap
+import os
 import pickle
 import types
 
@@ -487,7 +488,9 @@ def test_the_token_buffer_grows_where_the_kernel_refuses_the_no_huge_pages_advic
         def madvise(self, option: int, start: int = 0, length: int = 0) -> None:
             raise OSError(errno.EINVAL, "Invalid argument")
 
-    monkeypatch.setattr(mapped, "mmap", types.SimpleNamespace(mmap=Refusing, MADV_NOHUGEPAGE=14))
+    monkeypatch.setattr(
+        mapped, "mmap", types.SimpleNamespace(mmap=Refusing, MADV_NOHUGEPAGE=14, MAP_PRIVATE=mmap.MAP_PRIVATE)
+    )
     buffer = TokenBuffer()
     buffer.load(20, tuple(range(1, 3000)), [])  # grows past the first rows and columns
     assert buffer.row(20, 2990, 2999) == list(range(2991, 3000))
@@ -510,4 +513,30 @@ def test_tables_keep_their_pages_when_a_long_table_widens_them_and_rows_grow() -
         assert kv.pages(slot).tolist() == pages
     everything = [*itertools.chain.from_iterable(kept.values()), *kv.pages(long).tolist(), *kv.pages(reused).tolist()]
     assert len(set(everything)) == len(everything) == 4 + 6 + 8 + 2 + 3000 + 5
+    kv.check_invariants()
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
+def test_a_forked_process_writes_its_own_copy_of_the_tables() -> None:
+    """The lazily mapped memory is private: a child's writes never reach its parent's tokens or pages."""
+    buffer, kv = TokenBuffer(), PagedKVManager(num_pages=64, page_size=16)
+    buffer.load(2, (5, 6, 7), [])
+    slot = kv.open()
+    kv.grow_to(slot, 40)
+    pages = kv.pages(slot).tolist()
+    reader, writer = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: scribble over both, say it did, leave at once
+        try:
+            buffer.write(np.array([2], np.int32), np.array([0], np.int32), np.array([99], np.int32))
+            kv.free(slot)
+            kv.grow_to(kv.open(), 16 * 60)
+            os.write(writer, b"done")
+        finally:
+            os._exit(0)
+    os.close(writer)
+    assert os.read(reader, 4) == b"done"
+    os.waitpid(pid, 0)
+    assert buffer.row(2, 0, 3) == [5, 6, 7]
+    assert kv.pages(slot).tolist() == pages
     kv.check_invariants()

@@ -28,7 +28,12 @@ def mapped_zeros(rows: int, columns: int) -> Int32Array:
     prompt joined 256 short sequences, against about 1 ms here.
     """
     count = rows * columns
-    memory = mmap.mmap(-1, 4 * count)  # anonymous: zeroed by the kernel, page by page, on first touch
+    if not hasattr(mmap, "MAP_PRIVATE"):  # Windows: no transparent huge pages to keep away from
+        return np.zeros((rows, columns), dtype=np.int32)
+    # Anonymous (fd -1): zeroed by the kernel, page by page, on first touch. Private: a forked
+    # process gets its own copy, as with any other array, where the default (shared) would
+    # let a child's scheduler write into its parent's tables.
+    memory = mmap.mmap(-1, 4 * count, flags=mmap.MAP_PRIVATE)
     if hasattr(mmap, "MADV_NOHUGEPAGE"):  # Linux; it matters where huge pages are on for every mapping
         with contextlib.suppress(OSError):  # a kernel built without huge pages refuses the advice
             memory.madvise(mmap.MADV_NOHUGEPAGE)
