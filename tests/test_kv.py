@@ -17,7 +17,10 @@ from hypothesis import strategies as st
 from hypothesis.stateful import Bundle, RuleBasedStateMachine, consumes, invariant, precondition, rule
 from numpy.typing import NDArray
 
+import phasesched.kv
+import phasesched.running
 from phasesched import (
+    InvalidArgumentError,
     KVView,
     OutOfPagesError,
     PagedKVManager,
@@ -540,3 +543,58 @@ def test_a_forked_process_writes_its_own_copy_of_the_tables() -> None:
     assert buffer.row(2, 0, 3) == [5, 6, 7]
     assert kv.pages(slot).tolist() == pages
     kv.check_invariants()
+
+
+class TestReservation:
+    """Reserved tables and token rows are there from the start: growth within them copies nothing."""
+
+    def test_tables_grown_within_the_reservation_stay_where_they_are(self) -> None:
+        kv = PagedKVManager(num_pages=4096, page_size=16)
+        kv.reserve(16, 3000)
+        table = kv._table
+        slots = [kv.open() for _ in range(16)]
+        kv.extend_many(np.array(slots, np.int32), np.array([2900, *[10] * 15], np.int64))
+        assert kv._table is table
+        kv.free(slots[1])
+        kv.extend_many(np.array([slots[0]], np.int32), np.array([150], np.int64))  # past it: grows, pages kept
+        assert kv._table is not table
+        assert kv.page_count(slots[0]) == 3050
+        assert len(set(kv.pages(slots[0]).tolist())) == 3050
+        kv.check_invariants()
+
+    def test_a_refused_reservation_leaves_the_tables_to_grow(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        def refuse(rows: int, columns: int) -> NDArray[np.int32]:
+            raise MemoryError
+
+        kv, buffer = PagedKVManager(num_pages=64, page_size=16), TokenBuffer()
+        monkeypatch.setattr(phasesched.kv, "mapped_zeros", refuse)
+        monkeypatch.setattr(phasesched.running, "mapped_zeros", refuse)
+        kv.reserve(1 << 20, 1 << 20)
+        buffer.reserve(1 << 20, 1 << 20)
+        monkeypatch.undo()
+        assert kv._table.shape == (8, 8)
+        kv.grow_to(kv.open(), 16 * 40)
+        buffer.load(3, tuple(range(1, 200)), [])
+        assert buffer.row(3, 190, 199) == list(range(191, 200))
+        kv.check_invariants()
+
+    def test_the_token_buffer_keeps_its_rows_within_the_reservation(self) -> None:
+        buffer = TokenBuffer()
+        buffer.reserve(4, 1000)
+        ids = buffer.ids
+        assert ids.shape == (8, 1024)  # whole 64-token blocks, so any page size up to 64 divides a row
+        buffer.load(3, tuple(range(1, 1001)), [])
+        buffer.write(np.array([3], np.int32), np.array([1000], np.int32), np.array([7], np.int32))
+        assert buffer.ids is ids
+        assert buffer.row(3, 998, 1001) == [999, 1000, 7]
+
+    @pytest.mark.parametrize(("tables", "pages"), [(0, 4), (4, -1), (2.0, 4), (4, True)])
+    def test_a_bad_reservation_is_refused(self, tables: object, pages: object) -> None:
+        with pytest.raises(InvalidArgumentError, match="positive ints"):
+            PagedKVManager(num_pages=8, page_size=16).reserve(tables, pages)  # type: ignore[arg-type]
+
+    def test_a_scheduler_reserves_a_full_batch_of_its_longest_requests(self) -> None:
+        config = SchedulerConfig(num_pages=64, page_size=16, max_model_len=5000)
+        scheduler = Scheduler(config, SchedulingPolicy(budget=TokenBudget(max_num_seqs=12)))
+        assert scheduler._kv._table.shape == (12, 313)
+        assert scheduler._arrays.tokens.ids.shape == (12, 5056)

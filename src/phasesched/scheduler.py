@@ -90,6 +90,11 @@ only when later steps reuse it; below this the policy plans such a step in full 
 """
 
 
+_RESERVED_ROWS = 8192
+_RESERVED_BYTES = 2 << 30
+"""Address space reserved for the token buffer, and for the KV tables, at most (see ``Scheduler._reserve_tables``)."""
+
+
 def _frozen(array: Int32Array) -> Int32Array:
     array.flags.writeable = False
     return array
@@ -412,6 +417,7 @@ class Scheduler:
         self._unnamed: list[_Unnamed] = []
         """Steady groups' pages that filled but are not named yet, oldest first."""
         self._arrays = RunningArrays()
+        self._reserve_tables()
         self._running: Int32Array = _frozen(np.empty(0, dtype=np.int32))  # admission order
         self._waiting = WaitingQueue()
         self._seqs: dict[str, SequenceState] = {}
@@ -462,6 +468,18 @@ class Scheduler:
         # still runs, no step is steady (a slot is only reused by an admission, which a plan
         # commits and its update or abandon settles).
         self._prefilling: Int32Array = _NO_SLOTS
+
+    def _reserve_tables(self) -> None:
+        """Reserve the token buffer and the KV tables for a full batch of the longest requests.
+
+        Only address space until written, capped at :data:`_RESERVED_BYTES` each: a step then
+        never copies either to make room for a long prompt, unless held tables (P/D) outnumber
+        the batch.
+        """
+        rows = min(self.policy.budget.max_num_seqs, _RESERVED_ROWS)
+        columns = _RESERVED_BYTES // (4 * rows)
+        self._arrays.tokens.reserve(rows, min(self.config.max_model_len, columns))
+        self._kv.reserve(rows, min(self._kv.pages_for(self.config.max_model_len), columns))
 
     # ------------------------------------------------------------------ requests
     def add_request(self, request: Request, *, precomputed_tokens: int = 0) -> None:
