@@ -27,7 +27,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from phasesched.errors import InvalidArgumentError, OutOfPagesError, UnknownTableError
-from phasesched.mapped import copy_prefixes, mapped_zeros
+from phasesched.mapped import copy_prefixes, mapped_zeros, pack_rows, unpack_rows
 from phasesched.prefix import ROOT_HASH
 from phasesched.prefix_cache import CacheStats, Evicted, PrefixCache
 from phasesched.validators import INT32_MAX, is_int
@@ -198,6 +198,18 @@ class PagedKVManager:
         self._deferred = np.zeros(8, dtype=bool)
         self._held = np.zeros(8, dtype=bool)
         self._num_deferred = 0
+
+    def __getstate__(self) -> dict[str, object]:
+        """Pickles and copies keep each table's pages, not the reserved space around them (written out in full)."""
+        state = self.__dict__.copy()
+        state["_table"] = pack_rows(self._table, self._count)
+        del state["_count_view"]  # a view: made again from the copy's counts
+        return state
+
+    def __setstate__(self, state: dict[str, object]) -> None:
+        self.__dict__.update(state)
+        self._table = unpack_rows(state["_table"])  # type: ignore[arg-type]
+        self._count_view = _read_only(self._count)
 
     # ---------------------------------------------------------------- queries
     @property

@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import contextlib
 import mmap
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 from numpy.typing import NDArray
 
-__all__ = ["copy_prefixes", "mapped_zeros"]
+__all__ = ["PackedRows", "copy_prefixes", "mapped_zeros", "pack_rows", "unpack_rows"]
 
 Int32Array = NDArray[np.int32]
 
@@ -50,3 +50,34 @@ def copy_prefixes(source: Int32Array, target: Int32Array, lengths: NDArray[np.in
     target[: len(lengths), :block] = source[: len(lengths), :block]
     for row in np.flatnonzero(lengths > block).tolist():
         target[row, block : lengths[row]] = source[row, block : lengths[row]]
+
+
+class PackedRows(NamedTuple):
+    """The used prefixes of an array's rows, end to end, and the array's shape: what a pickle or copy keeps."""
+
+    shape: tuple[int, int]
+    lengths: NDArray[np.int64]
+    entries: Int32Array
+
+
+def pack_rows(array: Int32Array, lengths: NDArray[np.integer[Any]]) -> PackedRows:
+    """Row ``i``'s first ``lengths[i]`` entries, for :func:`unpack_rows`: a reserved array pickles as what it holds."""
+    counts: NDArray[np.int64] = np.asarray(lengths, dtype=np.int64)
+    rows, columns = _ragged(counts)
+    return PackedRows((array.shape[0], array.shape[1]), counts, array[rows, columns])
+
+
+def unpack_rows(packed: PackedRows) -> Int32Array:
+    """A fresh :func:`mapped_zeros` array of the packed shape holding the packed rows."""
+    array = mapped_zeros(*packed.shape)
+    rows, columns = _ragged(packed.lengths)
+    array[rows, columns] = packed.entries
+    return array
+
+
+def _ragged(lengths: NDArray[np.int64]) -> tuple[NDArray[np.int64], NDArray[np.int64]]:
+    """Row and column of each entry of rows holding ``lengths[i]`` entries from column 0."""
+    total = int(lengths.sum())
+    rows = np.repeat(np.arange(len(lengths), dtype=np.int64), lengths)
+    starts = np.cumsum(lengths) - lengths
+    return rows, np.arange(total, dtype=np.int64) - np.repeat(starts, lengths)

@@ -13,7 +13,7 @@ from typing import Any, ClassVar, NamedTuple
 import numpy as np
 from numpy.typing import NDArray
 
-from phasesched.mapped import copy_prefixes, mapped_zeros
+from phasesched.mapped import copy_prefixes, mapped_zeros, pack_rows, unpack_rows
 from phasesched.prefix import page_contents
 from phasesched.sequence import SequenceState
 
@@ -88,6 +88,17 @@ class TokenBuffer:
         """Tokens ``start .. stop - 1`` of row ``slot``, as a list."""
         tokens: list[int] = self.ids[slot, start:stop].tolist()
         return tokens
+
+    def __getstate__(self) -> dict[str, Any]:
+        """Pickles and copies keep the tokens rows hold, not the reserved space around them (written out in full)."""
+        state = self.__dict__.copy()
+        rows, written = self._rows, self._written
+        lengths = np.full(rows, written) if self._row_lengths is None else self._row_lengths(rows)
+        state["ids"] = pack_rows(self.ids, np.minimum(lengths, written))
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state, ids=unpack_rows(state["ids"]))
 
     def reserve(self, rows: int, columns: int) -> None:
         """Make room for ``rows`` rows of ``columns`` tokens now, so writes within them never grow the buffer.
@@ -185,6 +196,10 @@ class RunningArrays:
         for name in self._OBJECTS:
             setattr(self, name, np.full(capacity, None, dtype=object))
         self._views: dict[str, NDArray[Any]] = {}
+
+    def __getstate__(self) -> dict[str, Any]:
+        """Without the cached views: a copy's views must show the copy's arrays, not copies of ours."""
+        return {**self.__dict__, "_views": {}}
 
     def read_only(self, name: str) -> NDArray[Any]:
         """A read-only view of array ``name``, made once per array (policies get these)."""
