@@ -28,6 +28,7 @@ from phasesched import (
     Scheduler,
     SchedulerConfig,
     SchedulingPolicy,
+    StepResult,
     mapped,
 )
 from phasesched.kv import _parents
@@ -598,3 +599,20 @@ class TestReservation:
         scheduler = Scheduler(config, SchedulingPolicy(budget=TokenBudget(max_num_seqs=12)))
         assert scheduler._kv._table.shape == (12, 313)
         assert scheduler._arrays.tokens.ids.shape == (12, 5056)
+
+
+def test_tables_work_where_no_memory_can_be_mapped(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Out of mappings (``vm.max_map_count``), the arrays come from numpy: a scheduler still works."""
+
+    def no_mappings(*args: object, **kwargs: object) -> mmap.mmap:
+        raise OSError(errno.ENOMEM, "Cannot allocate memory")
+
+    monkeypatch.setattr(mapped, "mmap", types.SimpleNamespace(mmap=no_mappings, MAP_PRIVATE=mmap.MAP_PRIVATE))
+    config = SchedulerConfig(num_pages=64, page_size=16, max_model_len=512)
+    scheduler = Scheduler(config, SchedulingPolicy(budget=TokenBudget(max_num_seqs=4)))
+    scheduler.add_request(Request("a", prompt_token_ids=list(range(40)), max_new_tokens=3))
+    plan = scheduler.schedule(0.0)
+    scheduler.update(plan, StepResult(step_id=plan.step_id, token_ids=np.full(plan.batch_size, 9, np.int32)))
+    assert plan.input_ids is not None
+    assert plan.input_ids.tolist() == list(range(40))
+    assert scheduler.kv.page_counts.sum() == 3

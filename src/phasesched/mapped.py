@@ -33,7 +33,10 @@ def mapped_zeros(rows: int, columns: int) -> Int32Array:
     # Anonymous (fd -1): zeroed by the kernel, page by page, on first touch. Private: a forked
     # process gets its own copy, as with any other array, where the default (shared) would
     # let a child's scheduler write into its parent's tables.
-    memory = mmap.mmap(-1, 4 * count, flags=mmap.MAP_PRIVATE)
+    try:
+        memory = mmap.mmap(-1, 4 * count, flags=mmap.MAP_PRIVATE)
+    except OSError:  # out of mappings (vm.max_map_count) or address space: numpy's own memory, or MemoryError
+        return np.zeros((rows, columns), dtype=np.int32)
     if hasattr(mmap, "MADV_NOHUGEPAGE"):  # Linux; it matters where huge pages are on for every mapping
         with contextlib.suppress(OSError):  # a kernel built without huge pages refuses the advice
             memory.madvise(mmap.MADV_NOHUGEPAGE)
