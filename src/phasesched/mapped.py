@@ -2,7 +2,9 @@
 
 Both are a row per running request, as long as the longest one, and mostly empty. What is
 never written stays unmapped, so a table sized for one 128K prompt among a thousand short
-ones costs about the short ones' memory, and growing it copies only the rows' used prefixes.
+ones costs about the short ones' memory, a scheduler can reserve a full batch of its longest
+requests up front (address space, not memory), growing copies only the rows' used prefixes,
+and a pickle or copy carries those prefixes (:func:`pack_rows`) rather than the reserved space.
 """
 
 from __future__ import annotations
@@ -25,7 +27,8 @@ def mapped_zeros(rows: int, columns: int) -> Int32Array:
     ``np.zeros`` asks Linux for huge pages on arrays this large, so writing a row's first
     entries maps and zeroes the 2 MiB around them: the array then takes about its whole size
     in memory, and growing the token buffer (a copy into a fresh one) took 41 ms when a 16K
-    prompt joined 256 short sequences, against about 1 ms here.
+    prompt joined 256 short sequences, against about 1 ms here. Where no mapping can be made
+    (Windows, or ``vm.max_map_count`` reached), numpy's ``zeros``.
     """
     count = rows * columns
     if not hasattr(mmap, "MAP_PRIVATE"):  # Windows: no transparent huge pages to keep away from

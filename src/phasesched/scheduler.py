@@ -91,6 +91,7 @@ only when later steps reuse it; below this the policy plans such a step in full 
 
 
 _RESERVED_ROWS = 8192
+"""Requests the token buffer and the KV tables are reserved for, at most (beyond, they grow as needed)."""
 _RESERVED_BYTES = 2 << 30
 """Address space reserved for the token buffer, and for the KV tables, at most (see ``Scheduler._reserve_tables``)."""
 
