@@ -373,11 +373,21 @@ class PagedKVManager:
         slots, need = slots[growing], num_pages[growing]
         if total == len(slots):  # one page each: the common case of decodes crossing a boundary
             return self.extend_each(slots)
+        if len(slots) == 1:  # one table: an admission's prompt, or one prefill's chunk
+            return self._extend_one(int(slots[0]), total)
         counts = self._count[slots]
         fresh, evicted = self._take_fresh(total, int((counts + need).max()))
         rows, cols = _layout(slots, counts, need)  # each slot's new pages go after its last one
         self._table[rows, cols] = fresh
         self._count[slots] = counts + need.astype(np.int32)
+        return evicted
+
+    def _extend_one(self, slot: int, num_pages: int) -> Evicted | None:
+        """:meth:`extend_many` for one table: its new pages go after its last one, in one slice."""
+        count = int(self._count[slot])
+        fresh, evicted = self._take_fresh(num_pages, count + num_pages)
+        self._table[slot, count : count + num_pages] = fresh
+        self._count[slot] = count + num_pages
         return evicted
 
     def extend_each(self, slots: Int32Array) -> Evicted | None:
