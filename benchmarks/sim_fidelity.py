@@ -481,6 +481,8 @@ def diagnostics(run: RealRun, model: ProfiledCostModel, what_if: dict[str, RunMe
       ``decode_batching``: buckets of similar contexts, each padded to its longest), at the mean
       context (a ragged kernel's reading, the library's before executors declared theirs) and
       at the longest (padding every decode to the longest).
+    * ``itl_median``: where the run's median inter-token gap falls among the decode-only steps
+      (see :func:`itl_median_position`).
     * ``what_if``: per other reading (:data:`WHAT_IFS`), the request errors against the run
       when the simulation prices steps with it (``what_if`` holds those simulations).
     """
@@ -508,6 +510,7 @@ def diagnostics(run: RealRun, model: ProfiledCostModel, what_if: dict[str, RunMe
     }
     return {
         "by_kind": by_kind,
+        "itl_median": itl_median_position(steps, wall, predicted, kinds),
         "overhead_ms": float(np.median(wall - duration) * 1e3),
         "overhead_fraction": float(np.median((wall - duration) / wall)),
         "jitter": _median(relative_error(duration[pairs - 1], duration[pairs])),
@@ -519,6 +522,45 @@ def diagnostics(run: RealRun, model: ProfiledCostModel, what_if: dict[str, RunMe
             name: {k: _median(v) for k, v in request_errors(run.metrics, metrics).items()}
             for name, metrics in what_if.items()
         },
+    }
+
+
+def _weighted_median(values: FloatArray, weights: NDArray[np.int64]) -> tuple[float, int]:
+    """The median of ``values`` counted ``weights`` times each, and the index of the value holding it."""
+    order = np.argsort(values, kind="stable")
+    held = order[int(np.searchsorted(np.cumsum(weights[order]), weights.sum() / 2))]
+    return float(values[held]), int(held)
+
+
+def itl_median_position(
+    steps: Sequence[StepRecord], wall: FloatArray, predicted: FloatArray, kinds: NDArray[np.str_]
+) -> dict[str, float]:
+    """Where a run's median inter-token gap sits, and what a deterministic model can read there.
+
+    A decode-only step of ``B`` requests gives ``B`` gaps of its wall time, so the run's median
+    gap is the token-weighted median of those steps. When batches of one size hold about half
+    the tokens, that median is a high or low quantile of that size's steps, and the real
+    step-to-step spread there (``spread``: real over predicted, 10th to 90th percentile) moves
+    it; a cost model gives one time per shape. ``priced_error`` is the error of the same
+    median with each real step priced by the model: the part of the ITL p50 row's error that
+    is not scheduling.
+    """
+    index = np.flatnonzero(kinds == "decode-only")
+    if not len(index):
+        return {}
+    size = np.array([len(steps[i].num_new) for i in index.tolist()], dtype=np.int64)
+    real, at = _weighted_median(wall[index], size)
+    priced, _ = _weighted_median(predicted[index], size)
+    same = size == size[at]
+    ratio = wall[index][same] / predicted[index][same]
+    return {
+        "real_ms": real * 1e3,
+        "batch_size": float(size[at]),
+        "quantile": float(np.mean(wall[index][same] <= real)),
+        "spread_p10": float(np.percentile(ratio, 10)),
+        "spread_p90": float(np.percentile(ratio, 90)),
+        "priced_ms": priced * 1e3,
+        "priced_error": abs(priced - real) / real,
     }
 
 
@@ -567,6 +609,14 @@ def print_details(side_by_side: dict[str, list[float]], diag: dict[str, Any]) ->
         + ", ".join(f"{v:.1%} read at the {k}" for k, v in diag["uneven_error"].items() if k != "declared")
         + f", {diag['uneven_error']['declared']:.1%} as the executor batches them (the cost model's reading)"
     )
+    itl = diag["itl_median"]
+    if itl:
+        print(
+            f"median ITL (real, token-weighted over decode-only steps): {itl['real_ms']:.2f} ms, the "
+            f"{itl['quantile']:.0%} quantile of {itl['batch_size']:.0f}-request steps, where real/predicted spans "
+            f"{itl['spread_p10']:.2f}-{itl['spread_p90']:.2f} (p10-p90); the same steps priced by the profile: "
+            f"{itl['priced_ms']:.2f} ms ({itl['priced_error']:.1%} off, before any scheduling difference)"
+        )
     for name, errors in diag["what_if"].items():
         print(
             f"what-if, simulated with the profile read at the {name} (vs run A): "

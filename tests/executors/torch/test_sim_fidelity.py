@@ -13,6 +13,7 @@ import pytest
 pytest.importorskip("torch")
 
 from phasesched.costmodel import RooflineCostModel
+from phasesched.engine import StepRecord
 from phasesched.metrics.summary import RunMetrics
 from tests.fakes import load_script
 
@@ -83,3 +84,28 @@ def test_table_prints_the_ttft_percentile_rows(bench: ModuleType, capsys: pytest
 def test_malloc_keeps_freed_memory_where_glibc_runs(bench: ModuleType) -> None:
     """The benchmark's allocator setting takes on glibc, and reports that it cannot elsewhere."""
     assert bench.keep_freed_memory() is (platform.libc_ver()[0] == "glibc")
+
+
+def test_itl_median_position_reads_the_token_weighted_median(bench: ModuleType) -> None:
+    """Ten 1-request steps and three 2-request ones: the median gap is the 8th-smallest 1-request step."""
+    prefill = StepRecord(0.0, 0.05, 0.05, (100,), (100,))
+    ones = [StepRecord(0.0, 0.0, 0.0, (1,), (101,)) for _ in range(10)]
+    twos = [StepRecord(0.0, 0.0, 0.0, (1, 1), (101, 30)) for _ in range(3)]
+    steps = [prefill, *ones, *twos]
+    wall = np.array([0.05, *(0.0080 + 0.0001 * i for i in range(10)), 0.010, 0.010, 0.010])
+    predicted = np.array([0.05, *[0.0080] * 10, 0.0100, 0.0100, 0.0100])
+    kinds = np.array([bench._kind(s) for s in steps])
+    position = bench.itl_median_position(steps, wall, predicted, kinds)
+    # 16 gaps, 10 of them the 1-request steps' (8.0 ... 8.9 ms): the 8th gap is the median.
+    assert position["batch_size"] == 1
+    assert position["real_ms"] == pytest.approx(8.7)
+    assert position["quantile"] == pytest.approx(0.8)
+    assert position["priced_ms"] == pytest.approx(8.0)
+    assert position["priced_error"] == pytest.approx(0.7 / 8.7)
+    assert position["spread_p10"] == pytest.approx(np.percentile(wall[1:11] / 0.008, 10))
+
+
+def test_itl_median_position_without_decode_steps(bench: ModuleType) -> None:
+    steps = [StepRecord(0.0, 0.05, 0.05, (100,), (100,))]
+    kinds = np.array([bench._kind(s) for s in steps])
+    assert bench.itl_median_position(steps, np.array([0.05]), np.array([0.05]), kinds) == {}
