@@ -279,6 +279,19 @@ class _GroupGrowth(NamedTuple):
     """How far each ``kv_indptr`` entry moves: how many of the group's tables end at or before it."""
 
 
+class _SteadyStep(NamedTuple):
+    """What a steady step's checks looked up, for the caller to reuse (internal; see :meth:`Scheduler._steady_step`).
+
+    Every running request decodes one token: no selection is built, as no caller needs one.
+    """
+
+    start: Int32Array
+    """Tokens in each running request's cache, in running order."""
+    known: Int32Array
+    new_pages: NDArray[np.int64]
+    """KV pages each of them needs for the step."""
+
+
 class _GroupNaming(NamedTuple):
     """What naming one steady group's freshly filled pages needs (internal; see :class:`_SteadyBatch`)."""
 
@@ -650,7 +663,7 @@ class Scheduler:
         The batch's frozen arrays are shared with its previous plans; only context lengths,
         last-page lengths and input ids are computed, and the KV pages gathered again only when
         a slice starts a fresh page. Gives exactly the plan :meth:`_commit` would build for
-        :meth:`_steady_step`'s selection (``tests/test_steady_fast_path.py`` holds them together).
+        :meth:`_steady_step`'s step (``tests/test_steady_fast_path.py`` holds them together).
         """
         if len(self._waiting) and not (self._waiting_unseated() or self._may_block_admissions):
             return None
@@ -1525,7 +1538,7 @@ class Scheduler:
         """Whether no waiting request can be seated in this step (see ``_seated_steady``)."""
         return self._seated_steady and len(self._running) >= self.policy.budget.max_num_seqs
 
-    def _steady_step(self, *, unseated_waiting: bool = False) -> CheckedSelection | None:
+    def _steady_step(self, *, unseated_waiting: bool = False) -> _SteadyStep | None:
         """The next step, when it is certain to be every running request decoding one token.
 
         That holds when no plan is in flight, nothing waits or nobody waiting can be admitted
@@ -1533,10 +1546,11 @@ class Scheduler:
         feed), the budget holds them all, KV covers the step, and the phase priority is a
         built-in one known to schedule every decode then (the caller checks
         :data:`~phasesched.policies.priority.EVERY_DECODE_PRIORITIES`). Then the policy's answer
-        is known without asking it, and as the selection is built here from the scheduler's own
-        state there is nothing to check. With ``unseated_waiting``, requests may wait while no
-        seat is free for them, the policy never preempts for them and the chunk sizer is a
-        built-in one: the built-in priorities then find no seat and schedule every decode too.
+        is known without asking it (every running request, one token each, in running order),
+        and as it comes from the scheduler's own state there is nothing to check. With
+        ``unseated_waiting``, requests may wait while no seat is free for them, the policy never
+        preempts for them and the chunk sizer is a built-in one: the built-in priorities then
+        find no seat and schedule every decode too.
         """
         running = self._running
         if self._in_flight is not None or not len(running):
@@ -1558,8 +1572,7 @@ class Scheduler:
         blocked = not len(self._waiting) or unseated or self._admits_nobody(growth)
         if growth > self._kv.num_free_pages or not blocked:
             return None  # the policy would preempt, or might admit: let it
-        selection = Selection(running, np.ones(len(running), dtype=np.int32))
-        return CheckedSelection(selection, start, known, new_pages)
+        return _SteadyStep(start, known, new_pages)
 
     def _admits_nobody(self, decode_pages: int) -> bool:
         """Whether a steady step is certain to admit no waiting request.
