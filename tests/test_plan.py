@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from phasesched import Phase, Request, SchedulingPolicy
-from phasesched.plan import StepPlan
+from phasesched.plan import StepPlan, token_positions
 from phasesched.policies import FixedChunk, TokenBudget
 from tests.fakes import Driver, make_requests, scheduler_for
 
@@ -104,3 +104,16 @@ def test_metadata_reconstructs_every_sequence(lengths: list[int], page: int, chu
             assert readable == list(range(int(plan.kv_len[i])))
         driver.scheduler.update(plan, driver.executor.execute(plan))
     assert not driver.scheduler.num_unfinished
+
+
+@given(
+    st.lists(st.tuples(st.integers(0, 5_000), st.integers(1, 300)), min_size=1, max_size=40),
+    st.sampled_from([np.int32, np.int64]),
+)
+def test_token_positions_count_up_from_each_start(slices: list[tuple[int, int]], dtype: type[np.integer]) -> None:
+    """Each slice's positions are its start, start + 1, ...; int32 whatever the starts' dtype."""
+    start = np.array([s for s, _ in slices], dtype=dtype)
+    num_new = np.array([n for _, n in slices], dtype=np.int32)
+    positions = token_positions(start, num_new)
+    assert positions.dtype == np.int32
+    assert positions.tolist() == [p for s, n in slices for p in range(s, s + n)]

@@ -201,8 +201,10 @@ def token_positions(start: Int32Array, num_new: Int32Array) -> Int32Array:
     total = int(num_new.sum())
     if total == len(num_new):  # all decodes: one token each, at its start
         return start.astype(np.int32, copy=True)
-    first_row = np.cumsum(num_new) - num_new
-    positions: Int32Array = (np.arange(total, dtype=np.int32) + np.repeat(start - first_row, num_new)).astype(np.int32)
+    first_row = np.cumsum(num_new, dtype=np.int32)  # int32 throughout: no conversion at the end
+    first_row -= num_new
+    positions: Int32Array = np.repeat(start - first_row, num_new).astype(np.int32, copy=False)
+    positions += np.arange(total, dtype=np.int32)
     return positions
 
 
