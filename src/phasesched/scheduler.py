@@ -2109,18 +2109,22 @@ class Scheduler:
         arrays.last_token[s_slots] = s_tokens
         by_length = np.zeros(len(slots), dtype=bool)
         by_length[sampled] = known >= arrays.max_known[s_slots]
-        by_stop = np.zeros(len(slots), dtype=bool)
-        by_stop[sampled] = s_tokens == arrays.eos[s_slots]
-        self._append_token_ids(s_slots, s_tokens, known)
-        stop_sets = np.flatnonzero(sampled & arrays.has_stop_set[slots])
-        for i in stop_sets.tolist():
-            by_stop[i] |= int(token_ids[i]) in arrays.stop_sets[int(slots[i])]
-        done = by_length | by_stop | arrays.abort_pending[slots]
+        done = by_length | arrays.abort_pending[slots]
+        by_stop = None
+        if arrays.num_with_tokens:  # else none has ids to store, an EOS or stop tokens (a simulator's requests)
+            by_stop = np.zeros(len(slots), dtype=bool)
+            by_stop[sampled] = s_tokens == arrays.eos[s_slots]
+            self._append_token_ids(s_slots, s_tokens, known)
+            stop_sets = np.flatnonzero(sampled & arrays.has_stop_set[slots])
+            for i in stop_sets.tolist():
+                by_stop[i] |= int(token_ids[i]) in arrays.stop_sets[int(slots[i])]
+            done |= by_stop
         if finished is not None:
             done |= finished
         if not np.count_nonzero(done):
             return done, []
         aborted = arrays.abort_pending[slots[done]]
+        stopped = [False] * len(aborted) if by_stop is None else by_stop[done].tolist()
         reasons = [
             FinishReason.ABORTED
             if a
@@ -2129,7 +2133,7 @@ class Scheduler:
             else FinishReason.LENGTH
             if n
             else FinishReason.EXECUTOR
-            for a, s, n in zip(aborted.tolist(), by_stop[done].tolist(), by_length[done].tolist(), strict=True)
+            for a, s, n in zip(aborted.tolist(), stopped, by_length[done].tolist(), strict=True)
         ]
         return done, reasons
 
