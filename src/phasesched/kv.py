@@ -89,9 +89,9 @@ class Registrations:
 def _layout(slots: Int32Array, first: Int32Array, count: NDArray[np.integer]) -> tuple[Int32Array, Int32Array]:
     """Row and column of ``count[i]`` table entries of each slot, from column ``first[i]`` on, in order."""
     total = int(count.sum())
-    starts = np.cumsum(count) - count
-    rows: Int32Array = np.repeat(slots, count)
-    cols: Int32Array = np.repeat(first, count) + (np.arange(total) - np.repeat(starts, count))
+    starts = count.cumsum() - count  # (array methods: numpy's function wrappers cost a microsecond a call)
+    rows: Int32Array = slots.repeat(count)
+    cols: Int32Array = first.repeat(count) + (np.arange(total) - starts.repeat(count))
     return rows, cols
 
 
@@ -321,7 +321,7 @@ class PagedKVManager:
         # Address each wanted entry of the flattened table directly: its row's start, plus its
         # column (its rank within the slot's run). Cheaper than masking a padded copy of the rows.
         width = self._table.shape[1]
-        row_start = np.repeat(slots.astype(np.int64) * width - indptr[:-1], num_pages)
+        row_start = (slots.astype(np.int64) * width - indptr[:-1]).repeat(num_pages)
         indices: Int32Array = self._table.ravel()[row_start + np.arange(total, dtype=np.int64)]
         return indptr, indices
 

@@ -192,7 +192,7 @@ def _expect(ok: bool, message: str) -> None:
 
 def _indptr(lengths: NDArray[np.integer]) -> Int32Array:
     out = np.zeros(len(lengths) + 1, dtype=np.int32)
-    np.cumsum(lengths, out=out[1:])
+    lengths.cumsum(out=out[1:])
     return out
 
 
@@ -201,9 +201,9 @@ def token_positions(start: Int32Array, num_new: Int32Array) -> Int32Array:
     total = int(num_new.sum())
     if total == len(num_new):  # all decodes: one token each, at its start
         return start.astype(np.int32, copy=True)
-    first_row = np.cumsum(num_new, dtype=np.int32)  # int32 throughout: no conversion at the end
+    first_row = num_new.cumsum(dtype=np.int32)  # int32 throughout: no conversion at the end
     first_row -= num_new
-    positions: Int32Array = np.repeat(start - first_row, num_new).astype(np.int32, copy=False)
+    positions: Int32Array = (start - first_row).repeat(num_new).astype(np.int32, copy=False)
     positions += np.arange(total, dtype=np.int32)
     return positions
 

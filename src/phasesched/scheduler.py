@@ -854,7 +854,7 @@ class Scheduler:
             rest_len = start + num_new
             qo_indptr = np.empty(n + len(slots) + 1, dtype=np.int32)
             qo_indptr[: n + 1] = core.qo_indptr
-            np.cumsum(num_new, out=qo_indptr[n + 1 :])
+            num_new.cumsum(out=qo_indptr[n + 1 :])
             qo_indptr[n + 1 :] += n
             kv_len = np.concatenate([decoded, rest_len])
             slots, start, num_new, prompt_len, samples, kv_indptr, positions = (
@@ -2087,7 +2087,7 @@ class Scheduler:
             return arrays.tokens.gather(np.repeat(slots, num_new), token_positions(start, num_new))
         # Few chunks (the usual mixed step): single tokens in one gather, each chunk one row slice.
         ids = np.empty(total, dtype=np.int32)
-        first = np.cumsum(num_new) - num_new
+        first = num_new.cumsum() - num_new
         single = num_new == 1
         ids[first[single]] = arrays.tokens.gather(slots[single], start[single])
         rows = arrays.tokens.ids

@@ -521,7 +521,7 @@ class Simulator:
         while True:
             durations = decode_step_times(worker.cost, run.kv_len, priced)
             # Sequential sums, exactly as stepping one by one accumulates the clock.
-            ends = np.cumsum(np.concatenate(([now], durations)))[1:]
+            ends = np.concatenate(([now], durations)).cumsum()[1:]
             if priced == run.max_steps or ends[-1] >= horizon:
                 return ends
             priced = min(run.max_steps, priced * 4)
@@ -535,7 +535,7 @@ class Simulator:
             while taken < bound:
                 count = min(bound - taken, priced)
                 durations = decode_step_times(worker.cost, kv_len + taken, count)
-                parts.append(np.cumsum(np.concatenate(([end], durations)))[1:])  # as stepping accumulates the clock
+                parts.append(np.concatenate(([end], durations)).cumsum()[1:])  # as stepping accumulates the clock
                 end, taken, priced = float(parts[-1][-1]), taken + count, priced * 4
                 if end >= horizon:
                     return np.concatenate(parts)
