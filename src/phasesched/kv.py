@@ -313,6 +313,9 @@ class PagedKVManager:
             ``kv_indices[kv_indptr[i]:kv_indptr[i + 1]]``.
 
         """
+        if len(slots) == 1:  # one table (a request finishing, say): its row's first pages, copied
+            count = int(num_pages[0])
+            return np.array([0, count], dtype=np.int32), self._table[int(slots[0]), :count].copy()
         indptr = np.zeros(len(slots) + 1, dtype=np.int32)
         np.add.accumulate(num_pages, out=indptr[1:])
         total = int(indptr[-1])
