@@ -1556,7 +1556,14 @@ class Scheduler:
         if self._in_flight is not None or not len(running):
             return None
         unseated = unseated_waiting and self._waiting_unseated()
-        if len(self._waiting) and not (unseated or self._may_block_admissions):
+        # Waiting requests the policy may admit; or certain to be admitted even if every decode
+        # takes a page (the most a decode step takes: more room only admits more), said before
+        # any array is read.
+        if (
+            len(self._waiting)
+            and not unseated
+            and (not self._may_block_admissions or not self._admits_nobody(len(running)))
+        ):
             return None
         arrays, prefilling = self._arrays, self._prefilling
         # The last plan's prefill still under way is the prefill test below, on its slots alone.
