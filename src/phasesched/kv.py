@@ -27,7 +27,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from phasesched.errors import InvalidArgumentError, OutOfPagesError, UnknownTableError
-from phasesched.mapped import copy_prefixes, mapped_zeros, pack_rows, unpack_rows
+from phasesched.mapped import copy_prefixes, layout, mapped_zeros, pack_rows, unpack_rows
 from phasesched.prefix import ROOT_HASH
 from phasesched.prefix_cache import CacheStats, Evicted, PrefixCache
 from phasesched.validators import INT32_MAX, is_int
@@ -84,15 +84,6 @@ class Registrations:
     slots: Int32Array
     offered: Int32Array
     registered: tuple[int, ...]
-
-
-def _layout(slots: Int32Array, first: Int32Array, count: NDArray[np.integer]) -> tuple[Int32Array, Int32Array]:
-    """Row and column of ``count[i]`` table entries of each slot, from column ``first[i]`` on, in order."""
-    total = int(count.sum())
-    starts = count.cumsum() - count  # (array methods: numpy's function wrappers cost a microsecond a call)
-    rows: Int32Array = slots.repeat(count)
-    cols: Int32Array = first.repeat(count) + (np.arange(total) - starts.repeat(count))
-    return rows, cols
 
 
 def _parents(
@@ -380,7 +371,7 @@ class PagedKVManager:
             return self._extend_one(int(slots[0]), total)
         counts = self._count[slots]
         fresh, evicted = self._take_fresh(total, int((counts + need).max()))
-        rows, cols = _layout(slots, counts, need)  # each slot's new pages go after its last one
+        rows, cols = layout(slots, counts, need)  # each slot's new pages go after its last one
         self._table[rows, cols] = fresh
         self._count[slots] = counts + need.astype(np.int32)
         return evicted
@@ -430,7 +421,7 @@ class PagedKVManager:
         if not np.count_nonzero(shrink):
             return
         slots, keep = slots[shrink], num_pages[shrink].astype(np.int32)
-        rows, cols = _layout(slots, keep, current[shrink] - keep)
+        rows, cols = layout(slots, keep, current[shrink] - keep)
         pages = self._table[rows, cols]
         np.subtract.at(self._refcount, pages, 1)
         released = pages[self._refcount[pages] == 0] if self._shared else pages
@@ -515,7 +506,7 @@ class PagedKVManager:
             return
         self._num_free -= freed.num_released  # its pages sit on top of the pool, as it left them
         np.add.at(self._refcount, freed.pages, 1)
-        rows, cols = _layout(freed.slots, np.zeros(len(freed.slots), np.int32), freed.counts)
+        rows, cols = layout(freed.slots, np.zeros(len(freed.slots), np.int32), freed.counts)
         self._table[rows, cols] = freed.pages
         self._count[freed.slots] = freed.counts
         self._open[freed.slots] = True
@@ -656,7 +647,7 @@ class PagedKVManager:
             pages: Int32Array = self._table[slots, first]
         else:
             lengths = np.fromiter(map(len, named), dtype=np.int64, count=len(named))
-            rows, cols = _layout(slots, first, lengths)
+            rows, cols = layout(slots, first, lengths)
             pages = self._table[rows, cols]
         array = np.fromiter(hashes, dtype=np.int64, count=len(hashes))  # once, for the parents and the names
         parents = _parents(page_hashes, first.tolist(), named, array)

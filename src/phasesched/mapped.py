@@ -16,7 +16,7 @@ from typing import Any, NamedTuple
 import numpy as np
 from numpy.typing import NDArray
 
-__all__ = ["PackedRows", "copy_prefixes", "mapped_zeros", "pack_rows", "unpack_rows"]
+__all__ = ["PackedRows", "copy_prefixes", "layout", "mapped_zeros", "pack_rows", "unpack_rows"]
 
 Int32Array = NDArray[np.int32]
 
@@ -69,21 +69,28 @@ class PackedRows(NamedTuple):
 def pack_rows(array: Int32Array, lengths: NDArray[np.integer[Any]]) -> PackedRows:
     """Row ``i``'s first ``lengths[i]`` entries, for :func:`unpack_rows`: a reserved array pickles as what it holds."""
     counts: NDArray[np.int64] = np.asarray(lengths, dtype=np.int64)
-    rows, columns = _ragged(counts)
+    rows, columns = _prefixes(counts)
     return PackedRows((array.shape[0], array.shape[1]), counts, array[rows, columns])
 
 
 def unpack_rows(packed: PackedRows) -> Int32Array:
     """A fresh :func:`mapped_zeros` array of the packed shape holding the packed rows."""
     array = mapped_zeros(*packed.shape)
-    rows, columns = _ragged(packed.lengths)
+    rows, columns = _prefixes(packed.lengths)
     array[rows, columns] = packed.entries
     return array
 
 
-def _ragged(lengths: NDArray[np.int64]) -> tuple[NDArray[np.int64], NDArray[np.int64]]:
+def layout(
+    rows: NDArray[np.integer[Any]], first: NDArray[np.integer[Any]], count: NDArray[np.integer[Any]]
+) -> tuple[NDArray[np.integer[Any]], NDArray[np.integer[Any]]]:
+    """Row and column of ``count[i]`` entries of row ``rows[i]``, from column ``first[i]`` on, in order."""
+    total = int(count.sum())
+    starts = count.cumsum() - count  # (array methods: numpy's function wrappers cost a microsecond a call)
+    columns = first.repeat(count) + (np.arange(total) - starts.repeat(count))
+    return rows.repeat(count), columns
+
+
+def _prefixes(lengths: NDArray[np.int64]) -> tuple[NDArray[np.integer[Any]], NDArray[np.integer[Any]]]:
     """Row and column of each entry of rows holding ``lengths[i]`` entries from column 0."""
-    total = int(lengths.sum())
-    rows = np.repeat(np.arange(len(lengths), dtype=np.int64), lengths)
-    starts = np.cumsum(lengths) - lengths
-    return rows, np.arange(total, dtype=np.int64) - np.repeat(starts, lengths)
+    return layout(np.arange(len(lengths), dtype=np.int64), np.zeros(len(lengths), dtype=np.int64), lengths)
