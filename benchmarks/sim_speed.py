@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import argparse
 import cProfile
+import gc
 import io
 import json
 import pstats
@@ -99,6 +100,7 @@ def run_case(name: str, policy: str, workload: Workload, *, profile: bool, top: 
     profiler = cProfile.Profile() if profile else None
     if profiler is not None:  # one-time work (imports, caches) would land in the first profiled case's count
         simulate(workload.head(2), load_policy(policy), DEPLOYMENT, **OPTIONS.get(name, {}))
+        gc.collect()  # and so would finalizers of earlier garbage collected during the run
     cpu, wall = time.process_time(), time.perf_counter()
     if profiler is not None:
         profiler.enable()
