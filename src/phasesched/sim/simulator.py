@@ -311,6 +311,8 @@ class Simulator:
         worker's batch changes only through a request routed to it or KV let go on it, so runs start
         past every event and are cut when one of those reaches their worker (:meth:`_cut`)."""
         self._peers = collections.Counter(worker.role for worker in self.workers)
+        self._pools = {role: [worker for worker in self.workers if worker.role is role] for role in self._peers}
+        """The workers of each role, in order: the ones a request of that role is routed among."""
         self._next_arrival = float("inf")
         self._cancelled: set[int] = set()
         """Sequence numbers of run-end events that a cut moved earlier."""
@@ -646,8 +648,11 @@ class Simulator:
         few requests it runs), then the fewest requests. Where every worker has room, as with
         ample KV, that is plain least-loaded routing, so such runs route as they always did.
         """
+        pool = self._pools.get(role, [])
+        if len(pool) == 1:  # nobody to choose between (a lone worker: every arrival)
+            return pool[0]
         workers = self.workers
-        loads = [(w.load, w.index) for w in workers if w.role is role]
+        loads = [(w.load, w.index) for w in pool]
         return workers[pick_worker_by(loads, lambda index: workers[index].routing_load(now).has_room(num_tokens))]
 
     # ---------------------------------------------------------------- the KV link
