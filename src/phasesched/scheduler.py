@@ -83,6 +83,7 @@ def prompt_page_hashes(request: Request, page_size: int) -> list[int]:
 
 
 _MIXED_CORE_MIN = 64
+_RESTARTABLE_KEPT = 4096  # request lengths whose restart a built-in chunk sizer was asked about
 """Running requests from which a mixed step builds a fresh decode core (:meth:`Scheduler._mixed_plan`).
 
 Building one costs about as much as the policy's own plan for a few dozen decodes, and pays
@@ -464,6 +465,10 @@ class Scheduler:
             FixedChunk,
             LongPrefillThreshold,
         }
+        # These sizers' answer about a request restarting from zero depends on its length alone
+        # (_check_servable asks it at every arrival): kept per length, for a few thousand lengths.
+        pure = type(self.policy.chunker) in {NoChunking, FixedChunk, LongPrefillThreshold}
+        self._restartable: dict[int, bool] | None = {} if pure else None
         # ... also while requests wait, when the step is sure to admit none (_admits_nobody).
         self._may_block_admissions = (
             self._steady_fast_path
@@ -1805,11 +1810,19 @@ class Scheduler:
             )
         # After a preemption it restarts from zero with its generated tokens too: at most
         # ``most_cached`` tokens, which the chunk sizer must be able to start in an empty step.
-        restart = PrefillCandidate(request, 0, most_cached, ongoing=False)
-        empty = ChunkContext(
-            self.policy.budget.max_num_batched_tokens, (), np.empty(0, np.int64), np.empty(0, np.int64)
-        )
-        if checked_chunk(self.policy.chunker, restart, empty) == 0:
+        known = self._restartable
+        startable = None if known is None else known.get(most_cached)
+        if startable is None:
+            restart = PrefillCandidate(request, 0, most_cached, ongoing=False)
+            empty = ChunkContext(
+                self.policy.budget.max_num_batched_tokens, (), np.empty(0, np.int64), np.empty(0, np.int64)
+            )
+            startable = checked_chunk(self.policy.chunker, restart, empty) > 0
+            if known is not None:
+                if len(known) >= _RESTARTABLE_KEPT:
+                    known.clear()
+                known[most_cached] = startable
+        if not startable:
             raise RequestRejectedError(
                 request.request_id,
                 f"the chunk sizer could never start (or, after a preemption, restart) its up to "
