@@ -24,6 +24,7 @@ from phasesched import (
     StepResult,
     load_policy,
 )
+from phasesched.costmodel import RooflineCostModel
 from phasesched.policies import (
     DecodeFirst,
     EqualProgress,
@@ -35,6 +36,7 @@ from phasesched.policies import (
     TokenBudget,
 )
 from phasesched.request import SLO
+from phasesched.sim.executor import SimulatedExecutor
 
 BAD_CONSTRUCTIONS: dict[str, Callable[[], object]] = {
     "config num_pages 0": lambda: SchedulerConfig(num_pages=0),
@@ -65,6 +67,8 @@ BAD_CONSTRUCTIONS: dict[str, Callable[[], object]] = {
     "kv pages float": lambda: PagedKVManager(8.5, 16),  # type: ignore[arg-type]
     "scheduler config": lambda: Scheduler(8),  # type: ignore[arg-type]
     "selection float tokens": lambda: Selection(np.zeros(0, np.int32), np.zeros(0, np.int32), ("a",), (1.5,)),  # type: ignore[arg-type]
+    "simulated token id beyond int32": lambda: SimulatedExecutor(RooflineCostModel.from_names(), token_id=2**31),
+    "simulated token id float": lambda: SimulatedExecutor(RooflineCostModel.from_names(), token_id=1.0),  # type: ignore[arg-type]
 }
 
 BAD_REQUESTS: dict[str, dict[str, object]] = {

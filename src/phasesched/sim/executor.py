@@ -9,6 +9,7 @@ from phasesched.costmodel.batching import RAGGED, DecodeBatching, decode_batchin
 from phasesched.costmodel.protocol import CostModel
 from phasesched.executor import StepResult
 from phasesched.plan import StepPlan
+from phasesched.validators import whole
 
 __all__ = ["SimulatedExecutor", "create_simulated_executor"]
 
@@ -31,7 +32,7 @@ class SimulatedExecutor:
     """
 
     cost_model: CostModel
-    token_id: int = 0
+    token_id: int = attrs.field(default=0, validator=whole(ge=0, le=np.iinfo(np.int32).max))
 
     @property
     def decode_batching(self) -> DecodeBatching:
@@ -45,7 +46,7 @@ class SimulatedExecutor:
     def execute(self, plan: StepPlan) -> StepResult:
         """The step's duration from the cost model; a token for every slice that samples."""
         duration = self.cost_model.step_time(plan.num_new, plan.kv_len) if plan.batch_size else 0.0
-        tokens = np.where(plan.samples, self.token_id, -1)
+        tokens = np.where(plan.samples, np.int32(self.token_id), np.int32(-1))  # int32: nothing for the result to check
         return StepResult(step_id=plan.step_id, token_ids=tokens, duration_s=duration)
 
 
