@@ -11,6 +11,7 @@ from phasesched import (
     PolicyOptions,
     Request,
     SchedulingPolicy,
+    Selection,
     UnknownNameError,
     load_policy,
 )
@@ -461,3 +462,15 @@ class TestPreemptionForWaiting:
         plan = driver.step(1.0)
         assert plan.preempted == ("lo2",)
         assert "hi" in plan.request_ids
+
+
+class TestBuiltSelections:
+    def test_a_built_selection_is_what_the_converting_constructor_makes_and_stays_read_only(self) -> None:
+        """A batch builder's selection skips the conversions but holds the same values, its arrays read-only."""
+        slots, tokens = np.array([3, 1], np.int32), np.array([1, 7], np.int32)
+        built = Selection.built(slots, tokens, ("a",), (5,), (2,))
+        converted = Selection(slots, tokens, ("a",), (5,), (2,))
+        for field in attrs.fields(Selection):
+            assert np.array_equal(getattr(built, field.name), getattr(converted, field.name))
+        assert not built.running_slots.flags.writeable
+        assert not built.running_tokens.flags.writeable

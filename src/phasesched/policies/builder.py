@@ -223,11 +223,11 @@ class BatchBuilder:
         """The selection of what was added after :meth:`take_decodes`; ``None`` if anyone was preempted (internal)."""
         if self._preempted or self._memory_bound:
             return None
-        return Selection(
-            running_slots=_joined(self._slots[1:], np.int32),
-            running_tokens=_joined(self._tokens[1:], np.int32),
-            admitted=tuple(c.request_id for c, _ in self._admitted),
-            admitted_tokens=tuple(n for _, n in self._admitted),
+        return Selection.built(
+            _joined(self._slots[1:], np.int32),
+            _joined(self._tokens[1:], np.int32),
+            tuple(c.request_id for c, _ in self._admitted),
+            tuple(n for _, n in self._admitted),
         )
 
     def add_prefill_chunk(self, slot: int) -> AddResult:
@@ -334,12 +334,12 @@ class BatchBuilder:
         """The selection accumulated so far."""
         slots = _joined(self._slots, np.int32)
         tokens = _joined(self._tokens, np.int32)
-        return Selection(
-            running_slots=slots,
-            running_tokens=tokens,
-            admitted=tuple(c.request_id for c, _ in self._admitted),
-            admitted_tokens=tuple(n for _, n in self._admitted),
-            preempted=tuple(self._preempted),
+        return Selection.built(
+            slots,
+            tokens,
+            tuple(c.request_id for c, _ in self._admitted),
+            tuple(n for _, n in self._admitted),
+            tuple(self._preempted),
         )
 
     # ---------------------------------------------------------------- internals
