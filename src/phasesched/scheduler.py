@@ -1947,6 +1947,8 @@ class Scheduler:
     def _claim(self, slot: int, seq: SequenceState, num_pages: int, journal: Journal) -> None:
         """Start ``slot`` from the cached pages of its prefix, as checked: its computed tokens begin there."""
         hashes = seq.claimable_hashes(self._kv.page_size)
+        if not hashes:  # nothing it could claim (a length-only request): no lookup, nothing to count
+            return
         claim = self._kv.claim(slot, hashes, num_pages, queried=len(hashes))
         journal.record(functools.partial(self._kv.unclaim, claim))
         if claim is not None:

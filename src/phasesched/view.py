@@ -110,7 +110,7 @@ class SchedulerView:
     def _computed_at_admission(self, seq: SequenceState) -> int:
         """Tokens a waiting request would start with: transferred, or its cached prefix."""
         kv = self._kv
-        if seq.precomputed or not kv.prefix_caching:
+        if seq.precomputed or not seq.page_hashes or not kv.prefix_caching:  # nothing it could claim
             return seq.precomputed
         return kv.cached_prefix(seq.claimable_hashes(kv.page_size), seq.num_tokens) * kv.page_size
 
