@@ -178,7 +178,7 @@ def check_selection(  # noqa: PLR0913 -- the state a proposal is checked against
         if not selection.admitted:
             cached: tuple[int, ...] = ()
         elif kv.prefix_caching:
-            cached = _check_admitted(selection, waiting, kv)[2]
+            cached = _cached_prefixes(selection.admitted, waiting, kv)
         else:  # nothing cached to look up
             cached = (0,) * len(selection.admitted)
         return CheckedSelection(selection, start, arrays.known[slots], kv.pages_to_grow(slots, start + tokens), cached)
@@ -251,6 +251,16 @@ def _check_admitted(
         whole += kv.pages_for(seq.num_tokens)
         cached.append(hits)
     return pages, whole, tuple(cached)
+
+
+def _cached_prefixes(admitted: tuple[str, ...], waiting: WaitingQueue, kv: PagedKVManager) -> tuple[int, ...]:
+    """The cached pages each admission claims (a trusted selection's: its admissions are waiting)."""
+    cached = []
+    for request_id in admitted:
+        seq = waiting.get(request_id)
+        assert seq is not None, f"a trusted selection admits {request_id!r}, which is not waiting"
+        cached.append(kv.cached_prefix(seq.claimable_hashes(kv.page_size), seq.num_tokens) if seq.page_hashes else 0)
+    return tuple(cached)
 
 
 def _check_pages(growth: int, admitted: int, whole: int, selection: Selection, kv: PagedKVManager) -> None:
