@@ -232,20 +232,27 @@ class RooflineCostModel:
             kv_len: int ``[B]``: each slice's context after the step (``>= num_new``).
 
         """
-        return self.breakdown(num_new, kv_len).total_s
+        linear_compute, linear_memory, attention_compute, attention_memory, allreduce, overhead = self._terms(
+            num_new, kv_len
+        )
+        # StepBreakdown.total_s's operations in its order, without making the breakdown.
+        return max(linear_compute, linear_memory) + max(attention_compute, attention_memory) + allreduce + overhead
 
     def breakdown(self, num_new: NDArray[np.integer], kv_len: NDArray[np.integer]) -> StepBreakdown:
         """The step's time split by component (same arguments as :meth:`step_time`)."""
+        return StepBreakdown(*self._terms(num_new, kv_len))
+
+    def _terms(self, num_new: NDArray[np.integer], kv_len: NDArray[np.integer]) -> tuple[float, ...]:
+        """One step's six :class:`StepBreakdown` terms."""
         new, ctx = check_batch(num_new, kv_len)
         # Python floats of exact integer totals: cheaper than numpy on one-element arrays, and
         # IEEE arithmetic gives the same bits as decode_step_times' array path.
         tokens = int(new.sum())
         # The sum of causal_pairs, in two dot products: sum(n * L) - sum(n * (n - 1)) / 2.
         pairs = int(new @ ctx) - (int(new @ new) - tokens) // 2
-        parts = self._components(
+        return self._components(  # floats in, floats out
             float(tokens), float(len(new)), float(pairs), float(ctx.sum()), busy=1.0 if len(new) else 0.0
         )
-        return StepBreakdown(*parts)
 
     def decode_step_times(self, kv_len: NDArray[np.integer], num_steps: int) -> Float64Array:
         """Durations of ``num_steps`` pure-decode steps whose contexts grow by one per step.
