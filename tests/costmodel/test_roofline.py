@@ -172,6 +172,18 @@ def batch_arrays(slices: list[tuple[int, int]]) -> tuple[np.ndarray, np.ndarray]
     return num_new, num_new + arr(*(p for _, p in slices))
 
 
+class TestBreakdown:
+    @pytest.mark.parametrize("model", MODELS, ids=["8b-h200", "70b-h100-tp8", "8b-a100-tp2"])
+    @given(slices=batches)
+    @settings(max_examples=40)
+    def test_step_time_is_the_breakdowns_total_to_the_bit(
+        self, model: RooflineCostModel, slices: list[tuple[int, int]]
+    ) -> None:
+        """step_time sums the terms without a breakdown, in the breakdown's order: the same float."""
+        num_new, kv_len = batch_arrays(slices)
+        assert model.step_time(num_new, kv_len) == model.breakdown(num_new, kv_len).total_s
+
+
 class TestMonotone:
     @pytest.mark.parametrize("model", MODELS, ids=["8b-h200", "70b-h100-tp8", "8b-a100-tp2"])
     @given(slices=batches, k=growth, data=st.data())
