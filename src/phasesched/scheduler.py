@@ -83,12 +83,13 @@ def prompt_page_hashes(request: Request, page_size: int) -> list[int]:
 
 
 _MIXED_CORE_MIN = 64
-_RESTARTABLE_KEPT = 4096  # request lengths whose restart a built-in chunk sizer was asked about
 """Running requests from which a mixed step builds a fresh decode core (:meth:`Scheduler._mixed_plan`).
 
 Building one costs about as much as the policy's own plan for a few dozen decodes, and pays
 only when later steps reuse it; below this the policy plans such a step in full (the same plan).
 """
+_RESTARTABLE_KEPT = 4096
+"""Request lengths whose restart a batch-blind chunk sizer's answer is kept for (``Scheduler._check_servable``)."""
 
 
 _RESERVED_ROWS = 8192
@@ -465,10 +466,10 @@ class Scheduler:
             FixedChunk,
             LongPrefillThreshold,
         }
-        # These sizers' answer about a request restarting from zero depends on its length alone
-        # (_check_servable asks it at every arrival): kept per length, for a few thousand lengths.
-        pure = type(self.policy.chunker) in {NoChunking, FixedChunk, LongPrefillThreshold}
-        self._restartable: dict[int, bool] | None = {} if pure else None
+        # A batch-blind built-in sizer's answer about a request restarting from zero depends on
+        # its length alone (_check_servable asks it at every arrival): kept per length.
+        blind = type(self.policy.chunker) in BATCH_BLIND_CHUNKERS
+        self._restartable: dict[int, bool] | None = {} if blind else None
         # ... also while requests wait, when the step is sure to admit none (_admits_nobody).
         self._may_block_admissions = (
             self._steady_fast_path

@@ -38,7 +38,6 @@ and a worker something reaches commits only the steps of its run begun by then.
 
 from __future__ import annotations
 
-import collections
 import enum
 import heapq
 import itertools
@@ -310,8 +309,9 @@ class Simulator:
         """An open loop's workers share nothing but the routers and the prefill workers' held KV: a
         worker's batch changes only through a request routed to it or KV let go on it, so runs start
         past every event and are cut when one of those reaches their worker (:meth:`_cut`)."""
-        self._peers = collections.Counter(worker.role for worker in self.workers)
-        self._pools = {role: [worker for worker in self.workers if worker.role is role] for role in self._peers}
+        self._pools: dict[Role, list[_Worker]] = {}
+        for worker in self.workers:
+            self._pools.setdefault(worker.role, []).append(worker)
         """The workers of each role, in order: the ones a request of that role is routed among."""
         self._next_arrival = float("inf")
         self._cancelled: set[int] = set()
@@ -407,7 +407,8 @@ class Simulator:
         """
         if self._routed_cuts:
             for worker, run in runs:
-                ends = self._step_ends(worker, run, now, now + self._peers[worker.role] * (self._next_arrival - now))
+                peers = len(self._pools[worker.role])
+                ends = self._step_ends(worker, run, now, now + peers * (self._next_arrival - now))
                 self._take_run(worker, run, now, ends, len(ends))
             return
         priced = []
