@@ -240,7 +240,7 @@ def _check_admitted(
         seq = waiting.get(request_id)
         _require(seq is not None, f"admitted request {request_id!r} is not waiting")
         assert seq is not None
-        hits = kv.cached_prefix(seq.claimable_hashes(kv.page_size), seq.num_tokens)
+        hits = seq.cached_pages(kv)
         start = max(seq.precomputed, hits * kv.page_size)
         left = seq.num_tokens - start
         _require(
@@ -259,7 +259,7 @@ def _cached_prefixes(admitted: tuple[str, ...], waiting: WaitingQueue, kv: Paged
     for request_id in admitted:
         seq = waiting.get(request_id)
         assert seq is not None, f"a trusted selection admits {request_id!r}, which is not waiting"
-        cached.append(kv.cached_prefix(seq.claimable_hashes(kv.page_size), seq.num_tokens) if seq.page_hashes else 0)
+        cached.append(seq.cached_pages(kv))
     return tuple(cached)
 
 

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import attrs
 
 from phasesched.request import Request, RequestStatus
+
+if TYPE_CHECKING:
+    from phasesched.kv import PagedKVManager
 
 __all__ = ["SequenceState"]
 
@@ -47,6 +50,15 @@ class SequenceState:
         if self.precomputed:
             return []
         return self.page_hashes[: (self.num_tokens - 1) // page_size]
+
+    def cached_pages(self, kv: PagedKVManager) -> int:
+        """Pages of its prefix it would claim from ``kv``'s prefix cache if admitted now.
+
+        A request without page hashes (length-only, as in a simulation) has nothing to look up.
+        """
+        if not self.page_hashes:
+            return 0
+        return kv.cached_prefix(self.claimable_hashes(kv.page_size), self.num_tokens)
 
     @property
     def num_tokens(self) -> int:

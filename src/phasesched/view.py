@@ -110,9 +110,9 @@ class SchedulerView:
     def _computed_at_admission(self, seq: SequenceState) -> int:
         """Tokens a waiting request would start with: transferred, or its cached prefix."""
         kv = self._kv
-        if seq.precomputed or not seq.page_hashes or not kv.prefix_caching:  # nothing it could claim
+        if seq.precomputed:  # transferred KV: it claims nothing
             return seq.precomputed
-        return kv.cached_prefix(seq.claimable_hashes(kv.page_size), seq.num_tokens) * kv.page_size
+        return seq.cached_pages(kv) * kv.page_size
 
     def freed_by_preempting(self, slots: Int32Array) -> int:
         """KV pages that preempting ``slots`` would return to the pool.
