@@ -283,35 +283,42 @@ class PrefixCache:
         (:meth:`parents_to_evict` reads them); ``hash_array``, ``hashes`` as an array if the
         caller made one (converting a list costs about as much as the rest of the call).
         """
-        page_of = self._page_of
         if len(pages) != len(hashes):
             msg = f"{len(pages)} pages but {len(hashes)} hashes"
             raise ValueError(msg)
         if not hashes:
             return ()
         index = np.asarray(pages, dtype=np.int64)
-        size = len(page_of)
-        new_pages: tuple[int, ...] = ()
-        if page_of.keys().isdisjoint(hashes) and not self._named[index].any():
-            new_pages = tuple(index.tolist())  # the usual case: every page and hash new, named in one C-level update
-            page_of.update(zip(hashes, new_pages, strict=True))
-            if len(page_of) == size + len(hashes):
-                self._name(index, hashes if hash_array is None else hash_array)
-                self._set_parents(index, parents)
-            else:  # a hash twice in the call: take the update back and name them one by one
-                for value in hashes:
-                    page_of.pop(value, None)
-        if len(page_of) == size:
-            named = []
-            for at, (page, value) in enumerate(zip(index.tolist(), hashes, strict=True)):
-                if value not in page_of and not self._named[page]:
-                    page_of[value] = page
-                    self._name(np.array([page]), [value])
-                    self._set_parents(np.array([page]), None if parents is None else [parents[at]])
-                    named.append(page)
-            new_pages = tuple(named)
-        self._counts[3] += len(new_pages)
-        return new_pages
+        if self._named[index].any():  # a page carries a hash already: it keeps it
+            return self._register_each(index, hashes, parents)
+        listed = index.tolist()
+        # One C-level pass names every page whose hash is new: ``setdefault`` leaves a hash
+        # already cached, or met earlier in the call, with its first page, and returns that page.
+        kept = list(map(self._page_of.setdefault, hashes, listed))
+        if kept == listed:  # the usual case: every hash new
+            self._name(index, hashes if hash_array is None else hash_array)
+            self._set_parents(index, parents)
+            self._counts[3] += len(listed)
+            return tuple(listed)
+        fresh = np.flatnonzero(np.fromiter(map(int.__eq__, kept, listed), dtype=bool, count=len(listed)))
+        self._name(index[fresh], (np.asarray(hashes, dtype=np.int64) if hash_array is None else hash_array)[fresh])
+        self._set_parents(index[fresh], None if parents is None else np.asarray(parents, dtype=np.int64)[fresh])
+        self._counts[3] += len(fresh)
+        return tuple(index[fresh].tolist())
+
+    def _register_each(
+        self, index: NDArray[np.int64], hashes: Sequence[int], parents: NDArray[np.int64] | Sequence[int] | None
+    ) -> tuple[int, ...]:
+        """:meth:`register`, page by page, when some pages carry a hash already."""
+        page_of, named = self._page_of, []
+        for at, (page, value) in enumerate(zip(index.tolist(), hashes, strict=True)):
+            if value not in page_of and not self._named[page]:
+                page_of[value] = page
+                self._name(np.array([page]), [value])
+                self._set_parents(np.array([page]), None if parents is None else [parents[at]])
+                named.append(page)
+        self._counts[3] += len(named)
+        return tuple(named)
 
     def unregister(self, pages: Sequence[int]) -> None:
         """Undo :meth:`register` (the pages are in use, so not idle)."""
