@@ -21,9 +21,9 @@ settings.load_profile("phasesched")
 def _mixed_cores_at_any_size(monkeypatch: pytest.MonkeyPatch) -> None:
     """Let mixed steps build their decode core however few requests run.
 
-    The library builds one only from ``_MIXED_CORE_MIN`` running requests (below that the
-    policy's own plan is as cheap); the suite's workloads are small, and the tests that hold the
-    mixed path to the policy's plans must reach it. ``tests/test_mixed_fast_path.py`` also runs
-    them with small thresholds, so steps switch between the two paths.
+    The library builds one only from ``_MIXED_CORE_MIN`` running requests (below that the step
+    is worked out afresh, as cheaply); the suite's workloads are small, and the tests that hold
+    the mixed path to the policy's plans must reach it. ``tests/test_mixed_fast_path.py`` also
+    runs them with small thresholds, so steps switch between the two paths, and with no core.
     """
     monkeypatch.setattr(phasesched.scheduler, "_MIXED_CORE_MIN", 0)

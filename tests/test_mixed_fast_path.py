@@ -32,7 +32,7 @@ from phasesched import (
     StepResult,
     load_policy,
 )
-from phasesched.policies import DecodeFirst, FixedChunk
+from phasesched.policies import DecodeFirst, FixedChunk, LongestPrefixMatch
 from phasesched.policies.builder import AddResult, BatchBuilder
 from tests.strategies import PassThrough
 
@@ -146,6 +146,8 @@ def policies(draw: st.DrawFn) -> SchedulingPolicy:
     policy = load_policy(name, options)
     if draw(st.booleans()):  # a fixed chunk beside the preset's own sizer
         policy = attrs.evolve(policy, chunker=FixedChunk(draw(st.integers(1, 12))))
+    if draw(st.booleans()):  # few declines before the step stops looking (vllm's partial-prefill caps decline)
+        policy = attrs.evolve(policy, priority=DecodeFirst(max_declined=draw(st.integers(0, 2))))
     return policy
 
 
@@ -235,6 +237,51 @@ class TestMixedFastPath:
         with mock.patch.object(phasesched.scheduler, "_MIXED_CORE_MIN", core_min):
             run(policy, workload, steps, pages, watermark)
 
+    @given(
+        policy=policies(),
+        workload=st.lists(arrivals(), min_size=2, max_size=14),
+        steps=st.lists(events, min_size=20, max_size=80),
+        pages=st.integers(12, 80),
+        watermark=st.sampled_from((0.0, 0.1)),
+    )
+    @SETTINGS
+    def test_steps_worked_out_without_a_core_match_the_policy(
+        self, policy: SchedulingPolicy, workload: list[Arrival], steps: list[Events], pages: int, watermark: float
+    ) -> None:
+        """Without a decode core, decode-first's steps are worked out from the state: the policy's plans."""
+        with mock.patch.object(phasesched.scheduler, "_MIXED_CORE_MIN", 1 << 30):
+            run(policy, workload, steps, pages, watermark)
+
+    def test_the_policy_is_not_asked_for_a_known_step(self) -> None:
+        """Admissions beside a few decodes are worked out without the builder; a re-ranking queue order is asked."""
+        options = PolicyOptions(max_num_batched_tokens=16, max_num_seqs=8)
+        vllm = load_policy("vllm", options)
+        for policy, asked in (
+            (load_policy("sarathi", options), False),
+            (vllm, False),
+            (load_policy("vllm-priority", options), True),  # waiting requests may preempt
+            (attrs.evolve(vllm, queue_order=LongestPrefixMatch()), True),  # the queue is re-ranked
+        ):
+            scheduler = Scheduler(SchedulerConfig(num_pages=128, page_size=4), policy)
+            executor = DeterministicExecutor()
+            for i in range(3):
+                scheduler.add_request(Request(f"d{i}", prompt_token_ids=[i, 1, 2], max_new_tokens=40))
+            plan = scheduler.schedule()
+            scheduler.update(plan, executor.execute(plan))
+            scheduler.add_request(Request("long", prompt_token_ids=list(range(30)), max_new_tokens=2))
+            with (
+                mock.patch.object(phasesched.scheduler, "_MIXED_CORE_MIN", 1 << 30),  # no decode core
+                mock.patch.object(Scheduler, "_ask_policy", side_effect=AssertionError("asked")) as ask,
+            ):
+                try:
+                    plan = scheduler.schedule()
+                except AssertionError:
+                    plan = None
+            assert ask.called == asked, policy
+            if plan is not None:
+                assert plan.request_ids == ("d0", "d1", "d2", "long")
+                assert plan.num_new.tolist() == [1, 1, 1, 13]
+
     def test_the_mixed_path_is_taken(self) -> None:
         """A long prompt chunked beside running decodes is planned by the mixed path, its decodes kept."""
         policy = load_policy("vllm", PolicyOptions(max_num_batched_tokens=16, max_num_seqs=8))
@@ -255,8 +302,8 @@ class TestMixedFastPath:
         assert cores[0] is not None
         assert all(core is cores[0] for core in cores)  # one core, kept from step to step
 
-    def test_few_decodes_are_planned_by_the_policy(self) -> None:
-        """Below ``_MIXED_CORE_MIN`` running requests, mixed steps build no core: the policy plans them."""
+    def test_few_decodes_build_no_core(self) -> None:
+        """Below ``_MIXED_CORE_MIN`` running requests, mixed steps build no core (each is worked out afresh)."""
         policy = load_policy("vllm", PolicyOptions(max_num_batched_tokens=16, max_num_seqs=8))
         scheduler = Scheduler(SchedulerConfig(num_pages=128, page_size=4), policy)
         executor = DeterministicExecutor()

@@ -34,6 +34,7 @@ from phasesched.errors import (
 )
 from phasesched.executor import StepResult
 from phasesched.journal import Journal
+from phasesched.known_selection import RunningState, decode_first_selection
 from phasesched.kv import Claim, HeldKV, KVView, PagedKVManager
 from phasesched.plan import StepPlan, build_step_plan, token_positions
 from phasesched.policies.builder import BATCH_BLIND_CHUNKERS, BatchBuilder, checked_chunk
@@ -649,7 +650,8 @@ class Scheduler:
                 plan = self._mixed_plan(now, journal)
             if plan is None:
                 self._name_pending()
-                plan = self._commit(self._ask_policy(now), journal)
+                checked = self._known_selection() if self._mixed_fast_path else None
+                plan = self._commit(self._ask_policy(now) if checked is None else checked, journal)
         except BaseException:
             journal.rollback()
             self._steady = self._core = None  # they may have moved on with the rolled-back step
@@ -962,6 +964,55 @@ class Scheduler:
             self._running, self._released = saved
 
         journal.record(restore)
+
+    def _known_selection(self) -> CheckedSelection | None:
+        """Decode-first's selection for this step worked out from the state (:mod:`phasesched.known_selection`).
+
+        ``None`` when the step would preempt, or when a queue order re-ranks the waiting
+        requests: the policy is asked then.
+        """
+        if self._reorder is not None:
+            return None
+        running, arrays, kv = self._running, self._arrays, self._kv
+        computed, known = arrays.computed[running], arrays.known[running]
+        is_decode = (known - computed == 1) & (computed >= arrays.prompt_len[running])  # BatchBuilder's test
+        decodes = running[is_decode]
+        prefills = []
+        if len(decodes) < len(running):
+            pending = running[~is_decode]
+            prefills = list(
+                zip(
+                    pending.tolist(),
+                    [seq.request for seq in arrays.seqs[pending].tolist()],
+                    computed[~is_decode].tolist(),
+                    known[~is_decode].tolist(),
+                    kv.page_counts[pending].tolist(),
+                    strict=True,
+                )
+            )
+        growth = int(kv.pages_to_grow(decodes, computed[is_decode] + 1).sum()) if len(decodes) else 0
+        budget, priority = self.policy.budget, self.policy.priority
+        assert isinstance(priority, DecodeFirst)  # _mixed_fast_path's promise
+        candidates = (
+            WaitingCandidate(seq.request, seq.num_tokens, seq.num_preemptions, seq.tokens_at_admission(kv))
+            for seq in self._waiting.ordered()
+        )
+        selection = decode_first_selection(
+            RunningState(decodes, growth, prefills),
+            candidates,
+            self.policy.chunker,
+            max_declined=priority.max_declined,
+            tokens=budget.max_num_batched_tokens,
+            seats=budget.max_num_seqs - len(running),
+            free_pages=kv.num_free_pages,
+            watermark_pages=kv.watermark_pages,
+            page_size=kv.page_size,
+        )
+        if selection is None:
+            return None
+        return check_selection(
+            selection, arrays=arrays, running=running, waiting=self._waiting, kv=kv, budget=budget, trusted=True
+        )
 
     def _ask_policy(self, now: float) -> CheckedSelection:
         """The policy's selection for this step, checked before anything changes."""

@@ -60,6 +60,10 @@ class SequenceState:
             return 0
         return kv.cached_prefix(self.claimable_hashes(kv.page_size), self.num_tokens)
 
+    def tokens_at_admission(self, kv: PagedKVManager) -> int:
+        """Tokens it would start with if admitted now: transferred, or its cached prefix."""
+        return self.precomputed or self.cached_pages(kv) * kv.page_size
+
     @property
     def num_tokens(self) -> int:
         """Tokens known: prompt plus generated."""

@@ -102,17 +102,10 @@ class SchedulerView:
     def waiting(self) -> Iterator[WaitingCandidate]:
         """Waiting requests in queue order, lazily (re-ranked first by a cache-aware queue order)."""
         candidates = (
-            WaitingCandidate(seq.request, seq.num_tokens, seq.num_preemptions, self._computed_at_admission(seq))
+            WaitingCandidate(seq.request, seq.num_tokens, seq.num_preemptions, seq.tokens_at_admission(self._kv))
             for seq in self._waiting.ordered()
         )
         return self._reorder(candidates, len(self._waiting)) if self._reorder is not None else candidates
-
-    def _computed_at_admission(self, seq: SequenceState) -> int:
-        """Tokens a waiting request would start with: transferred, or its cached prefix."""
-        kv = self._kv
-        if seq.precomputed:  # transferred KV: it claims nothing
-            return seq.precomputed
-        return seq.cached_pages(kv) * kv.page_size
 
     def freed_by_preempting(self, slots: Int32Array) -> int:
         """KV pages that preempting ``slots`` would return to the pool.

@@ -1,0 +1,160 @@
+"""A decode-first step worked out from the scheduler's state, without building it in a ``BatchBuilder``.
+
+For exactly :class:`~phasesched.policies.priority.DecodeFirst` with a chunk sizer that never
+reads the batch (``BATCH_BLIND_CHUNKERS``: whole prompts, fixed chunks, vLLM's thresholds), a
+preemption policy that never preempts for waiting requests and a queue order that does not
+re-rank, the policy's step is fixed by the scheduler's state as long as nobody must be preempted: every
+decode, then each ongoing prefill's chunk in admission order, then waiting requests in queue
+order while a seat, a token and room for the whole prefill remain (the builder's rules, which
+:func:`decode_first_selection` follows step for step). The chunk sizer itself sizes every slice.
+
+Working the step out here costs a few dozen calls; the builder, its view and its candidates
+cost a few hundred, which is most of a general step when a handful of requests run (a
+simulation's arrivals, a small engine's admissions). When the step would preempt, the answer
+is ``None`` and the scheduler asks the policy. ``tests/test_mixed_fast_path.py`` holds every
+plan to the policy's own.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, NamedTuple
+
+import numpy as np
+from numpy.typing import NDArray
+
+from phasesched.policies.builder import checked_chunk
+from phasesched.policies.chunking import ChunkContext, ChunkSizer, PrefillCandidate
+from phasesched.selection import Selection
+
+if TYPE_CHECKING:
+    from phasesched.request import Request
+    from phasesched.waiting import WaitingCandidate
+
+__all__ = ["RunningState", "decode_first_selection"]
+
+Int32Array = NDArray[np.int32]
+_NO_TOKENS = np.zeros(0, dtype=np.int64)  # a batch-blind sizer reads no batch
+_NO_TOKENS.flags.writeable = False
+
+
+class RunningState(NamedTuple):
+    """The running requests as :func:`decode_first_selection` reads them, in running order."""
+
+    decodes: Int32Array
+    """Slots decoding one token."""
+    decode_pages: int
+    """Pages the decodes take this step, together."""
+    prefills: list[tuple[int, Request, int, int, int]]
+    """Each slot with prefill work left, with its request, computed and known tokens, and pages held."""
+
+
+def decode_first_selection(  # noqa: PLR0913 -- the step's limits, as plain values
+    running: RunningState,
+    candidates: Iterable[WaitingCandidate],
+    chunker: ChunkSizer,
+    *,
+    max_declined: int,
+    tokens: int,
+    seats: int,
+    free_pages: int,
+    watermark_pages: int,
+    page_size: int,
+) -> Selection | None:
+    """Decode-first's selection for the step, or ``None`` when it would preempt (the policy decides then).
+
+    Args:
+        running: The running requests.
+        candidates: The waiting requests in queue order, lazily (as the policy's view gives them).
+        chunker: The policy's chunk sizer (batch-blind).
+        max_declined: :class:`~phasesched.policies.priority.DecodeFirst`'s bound on declined candidates.
+        tokens: The step's token budget.
+        seats: Sequence seats free (the cap less the running requests).
+        free_pages: Free KV pages.
+        watermark_pages: Pages admissions must leave free.
+        page_size: Tokens per page.
+    """
+    decodes = running.decodes
+    tokens_left, pages_left = tokens - len(decodes), free_pages - running.decode_pages
+    if tokens_left < 0 or pages_left < 0:
+        return None  # the decodes do not all fit: the builder takes some, or preempts
+    # Unfinished prefills (by slot, or id once admitted): tokens left before the step, and the
+    # pages they still need, which admissions must leave them (the builder's _partial, _reserve).
+    partial: dict[int | str, int] = {}
+    reserve: dict[int, int] = {}
+    for slot, _, computed, known, held in running.prefills:
+        partial[slot] = known - computed
+        reserve[slot] = -(-known // page_size) - held
+    slots: list[int] = []
+    sizes: list[int] = []
+    for slot, request, computed, known, held in running.prefills:
+        others = tuple(n for key, n in partial.items() if key != slot)
+        context = ChunkContext(tokens_left, others, _NO_TOKENS, _NO_TOKENS)
+        size = checked_chunk(chunker, PrefillCandidate(request, computed, known, ongoing=True), context)
+        if size == 0:
+            if tokens_left == 0:
+                break
+            continue
+        pages = max(-(-(computed + size) // page_size) - held, 0)
+        if pages > pages_left:
+            return None  # the builder preempts for it, or gives it nothing
+        slots.append(slot)
+        sizes.append(size)
+        tokens_left -= size
+        pages_left -= pages
+        reserve[slot] -= pages
+        if size >= partial[slot]:
+            del partial[slot], reserve[slot]
+    room = pages_left - watermark_pages - sum(reserve.values())  # what ongoing prefills still need is theirs
+    admitted, admitted_tokens = _admissions(
+        candidates, chunker, partial, max_declined, tokens_left, seats, room, page_size
+    )
+    if slots:
+        decodes = np.concatenate([decodes, np.array(slots, dtype=np.int32)])
+    num_new = np.ones(len(decodes), dtype=np.int32)
+    num_new[len(num_new) - len(sizes) :] = sizes
+    return Selection.built(decodes, num_new, admitted, admitted_tokens)
+
+
+def _admissions(  # noqa: PLR0913, PLR0917 -- the step's state after the running requests
+    candidates: Iterable[WaitingCandidate],
+    chunker: ChunkSizer,
+    partial: dict[int | str, int],
+    max_declined: int,
+    tokens_left: int,
+    seats: int,
+    room: int,
+    page_size: int,
+) -> tuple[tuple[str, ...], tuple[int, ...]]:
+    """The admissions, in queue order, as ``BatchBuilder.admit`` makes them when nobody may be preempted.
+
+    ``room`` is the free pages beyond the watermark and what unfinished prefills still need;
+    admissions stop at the first candidate short of a seat, a token or room for its whole prefill.
+    """
+    admitted: list[str] = []
+    admitted_tokens: list[int] = []
+    declined = 0
+    for candidate in candidates:
+        if tokens_left <= 0:
+            break
+        first = PrefillCandidate(candidate.request, candidate.num_computed, candidate.num_tokens, ongoing=False)
+        context = ChunkContext(tokens_left, tuple(partial.values()), _NO_TOKENS, _NO_TOKENS)
+        size = checked_chunk(chunker, first, context)
+        if size == 0:
+            declined += 1
+            if declined > max_declined:
+                break
+            continue
+        whole = -(-candidate.num_tokens // page_size)
+        if seats < 1 or whole > room:
+            break
+        pages = -(-(candidate.num_computed + size) // page_size)
+        admitted.append(candidate.request_id)
+        admitted_tokens.append(size)
+        tokens_left -= size
+        seats -= 1
+        room -= pages
+        if size < candidate.remaining:
+            partial[candidate.request_id] = candidate.remaining
+            room -= whole - pages  # reserved for its later chunks
+    return tuple(admitted), tuple(admitted_tokens)
