@@ -31,11 +31,13 @@ if TYPE_CHECKING:
     from phasesched.request import Request
     from phasesched.waiting import WaitingCandidate
 
-__all__ = ["RunningState", "decode_first_selection"]
+__all__ = ["RunningState", "decode_first_selection", "selection_after_decodes"]
 
 Int32Array = NDArray[np.int32]
 _NO_TOKENS = np.zeros(0, dtype=np.int64)  # a batch-blind sizer reads no batch
 _NO_TOKENS.flags.writeable = False
+_NO_SLOTS = np.zeros(0, dtype=np.int32)
+_NO_SLOTS.flags.writeable = False
 
 
 class RunningState(NamedTuple):
@@ -78,16 +80,57 @@ def decode_first_selection(  # noqa: PLR0913 -- the step's limits, as plain valu
     tokens_left, pages_left = tokens - len(decodes), free_pages - running.decode_pages
     if tokens_left < 0 or pages_left < 0:
         return None  # the decodes do not all fit: the builder takes some, or preempts
+    rest = selection_after_decodes(
+        running.prefills,
+        candidates,
+        chunker,
+        max_declined=max_declined,
+        tokens_left=tokens_left,
+        seats=seats,
+        pages_left=pages_left,
+        watermark_pages=watermark_pages,
+        page_size=page_size,
+    )
+    if rest is None:
+        return None
+    if not len(decodes):
+        return rest
+    return Selection.built(
+        np.concatenate([decodes, rest.running_slots]),
+        np.concatenate([np.ones(len(decodes), dtype=np.int32), rest.running_tokens]),
+        rest.admitted,
+        rest.admitted_tokens,
+    )
+
+
+def selection_after_decodes(  # noqa: PLR0913 -- the step's limits, as plain values
+    prefills: list[tuple[int, Request, int, int, int]],
+    candidates: Iterable[WaitingCandidate],
+    chunker: ChunkSizer,
+    *,
+    max_declined: int,
+    tokens_left: int,
+    seats: int,
+    pages_left: int,
+    watermark_pages: int,
+    page_size: int,
+) -> Selection | None:
+    """What decode-first adds once every decode is in: ongoing chunks, then admissions (``None``: it would preempt).
+
+    The mixed-step fast path keeps the decodes from step to step and asks only this.
+    ``prefills`` are :attr:`RunningState.prefills`; ``tokens_left`` and ``pages_left`` what the
+    budget and the free pages leave after the decodes.
+    """
     # Unfinished prefills (by slot, or id once admitted): tokens left before the step, and the
     # pages they still need, which admissions must leave them (the builder's _partial, _reserve).
     partial: dict[int | str, int] = {}
     reserve: dict[int, int] = {}
-    for slot, _, computed, known, held in running.prefills:
+    for slot, _, computed, known, held in prefills:
         partial[slot] = known - computed
         reserve[slot] = -(-known // page_size) - held
     slots: list[int] = []
     sizes: list[int] = []
-    for slot, request, computed, known, held in running.prefills:
+    for slot, request, computed, known, held in prefills:
         others = tuple(n for key, n in partial.items() if key != slot)
         context = ChunkContext(tokens_left, others, _NO_TOKENS, _NO_TOKENS)
         size = checked_chunk(chunker, PrefillCandidate(request, computed, known, ongoing=True), context)
@@ -109,11 +152,12 @@ def decode_first_selection(  # noqa: PLR0913 -- the step's limits, as plain valu
     admitted, admitted_tokens = _admissions(
         candidates, chunker, partial, max_declined, tokens_left, seats, room, page_size
     )
-    if slots:
-        decodes = np.concatenate([decodes, np.array(slots, dtype=np.int32)])
-    num_new = np.ones(len(decodes), dtype=np.int32)
-    num_new[len(num_new) - len(sizes) :] = sizes
-    return Selection.built(decodes, num_new, admitted, admitted_tokens)
+    return Selection.built(
+        np.array(slots, dtype=np.int32) if slots else _NO_SLOTS,
+        np.array(sizes, dtype=np.int32) if sizes else _NO_SLOTS,
+        admitted,
+        admitted_tokens,
+    )
 
 
 def _admissions(  # noqa: PLR0913, PLR0917 -- the step's state after the running requests

@@ -34,7 +34,7 @@ from phasesched.errors import (
 )
 from phasesched.executor import StepResult
 from phasesched.journal import Journal
-from phasesched.known_selection import RunningState, decode_first_selection
+from phasesched.known_selection import RunningState, decode_first_selection, selection_after_decodes
 from phasesched.kv import Claim, HeldKV, KVView, PagedKVManager
 from phasesched.plan import StepPlan, build_step_plan, token_positions
 from phasesched.policies.builder import BATCH_BLIND_CHUNKERS, BatchBuilder, checked_chunk
@@ -776,13 +776,7 @@ class Scheduler:
             self._extend(grown, new_pages, journal)
             self._steady = None  # it may be the core: its update is not the steady one now
             return self._mixed_step(core, _NOTHING_ELSE, starting=starting, admitted=_NO_SLOTS, new_requests=[])
-        view = self._view(now)
-        builder = BatchBuilder(view, self.policy.chunker, self.policy.preemption, is_decode=is_decode)
-        builder.take_decodes(core.running, growth)
-        priority = self.policy.priority
-        assert isinstance(priority, DecodeFirst)  # _mixed_fast_path's promise
-        priority.fill_after_decodes(view, builder)
-        rest = builder.build_rest()
+        rest = self._rest_after_decodes(now, core, is_decode, growth)
         if rest is None:
             return None
         checked = check_selection(
@@ -791,6 +785,59 @@ class Scheduler:
         admitted, new_requests = self._extend_step(grown, new_pages, checked, journal)
         self._steady = None  # it may be the core: its update is not the steady one now
         return self._mixed_step(core, checked, starting=starting, admitted=admitted, new_requests=new_requests)
+
+    def _rest_after_decodes(
+        self, now: float, core: _SteadyBatch, is_decode: NDArray[np.bool_], growth: int
+    ) -> Selection | None:
+        """Decode-first's chunks and admissions beside the core's decodes (``None``: they would preempt).
+
+        Worked out from the state (:func:`~phasesched.known_selection.selection_after_decodes`),
+        or asked of decode-first with the decodes already in its builder when the queue order
+        re-ranks the waiting requests.
+        """
+        priority, budget, kv, running = self.policy.priority, self.policy.budget, self._kv, self._running
+        assert isinstance(priority, DecodeFirst)  # _mixed_fast_path's promise
+        if self._reorder is None:
+            return selection_after_decodes(
+                self._prefills(running[~is_decode]),
+                self._candidates(),
+                self.policy.chunker,
+                max_declined=priority.max_declined,
+                tokens_left=budget.max_num_batched_tokens - len(core.running),
+                seats=budget.max_num_seqs - len(running),
+                pages_left=kv.num_free_pages - growth,
+                watermark_pages=kv.watermark_pages,
+                page_size=kv.page_size,
+            )
+        view = self._view(now)
+        builder = BatchBuilder(view, self.policy.chunker, self.policy.preemption, is_decode=is_decode)
+        builder.take_decodes(core.running, growth)
+        priority.fill_after_decodes(view, builder)
+        return builder.build_rest()
+
+    def _prefills(self, slots: Int32Array) -> list[tuple[int, Request, int, int, int]]:
+        """Running ``slots`` with prefill work left, as :attr:`~phasesched.known_selection.RunningState.prefills`."""
+        if not len(slots):
+            return []
+        arrays = self._arrays
+        return list(
+            zip(
+                slots.tolist(),
+                [seq.request for seq in arrays.seqs[slots].tolist()],
+                arrays.computed[slots].tolist(),
+                arrays.known[slots].tolist(),
+                self._kv.page_counts[slots].tolist(),
+                strict=True,
+            )
+        )
+
+    def _candidates(self) -> Iterator[WaitingCandidate]:
+        """The waiting requests in queue order, lazily, as a view without re-ranking gives them to policies."""
+        kv = self._kv
+        return (
+            WaitingCandidate(seq.request, seq.num_tokens, seq.num_preemptions, seq.tokens_at_admission(kv))
+            for seq in self._waiting.ordered()
+        )
 
     def _rebuilt_core(self) -> _SteadyBatch | None:
         """A fresh core for the mixed path, kept as ``_core``; ``None`` if nobody decodes or too few run to pay."""
@@ -977,29 +1024,13 @@ class Scheduler:
         computed, known = arrays.computed[running], arrays.known[running]
         is_decode = (known - computed == 1) & (computed >= arrays.prompt_len[running])  # BatchBuilder's test
         decodes = running[is_decode]
-        prefills = []
-        if len(decodes) < len(running):
-            pending = running[~is_decode]
-            prefills = list(
-                zip(
-                    pending.tolist(),
-                    [seq.request for seq in arrays.seqs[pending].tolist()],
-                    computed[~is_decode].tolist(),
-                    known[~is_decode].tolist(),
-                    kv.page_counts[pending].tolist(),
-                    strict=True,
-                )
-            )
+        prefills = self._prefills(running[~is_decode]) if len(decodes) < len(running) else []
         growth = int(kv.pages_to_grow(decodes, computed[is_decode] + 1).sum()) if len(decodes) else 0
         budget, priority = self.policy.budget, self.policy.priority
         assert isinstance(priority, DecodeFirst)  # _mixed_fast_path's promise
-        candidates = (
-            WaitingCandidate(seq.request, seq.num_tokens, seq.num_preemptions, seq.tokens_at_admission(kv))
-            for seq in self._waiting.ordered()
-        )
         selection = decode_first_selection(
             RunningState(decodes, growth, prefills),
-            candidates,
+            self._candidates(),
             self.policy.chunker,
             max_declined=priority.max_declined,
             tokens=budget.max_num_batched_tokens,
