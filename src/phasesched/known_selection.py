@@ -80,27 +80,17 @@ def decode_first_selection(  # noqa: PLR0913 -- the step's limits, as plain valu
     tokens_left, pages_left = tokens - len(decodes), free_pages - running.decode_pages
     if tokens_left < 0 or pages_left < 0:
         return None  # the decodes do not all fit: the builder takes some, or preempts
-    rest = selection_after_decodes(
-        running.prefills,
-        candidates,
-        chunker,
-        max_declined=max_declined,
-        tokens_left=tokens_left,
-        seats=seats,
-        pages_left=pages_left,
-        watermark_pages=watermark_pages,
-        page_size=page_size,
+    rest = _after_decodes(
+        running.prefills, candidates, chunker, max_declined, tokens_left, seats, pages_left, watermark_pages, page_size
     )
     if rest is None:
         return None
-    if not len(decodes):
-        return rest
-    return Selection.built(
-        np.concatenate([decodes, rest.running_slots]),
-        np.concatenate([np.ones(len(decodes), dtype=np.int32), rest.running_tokens]),
-        rest.admitted,
-        rest.admitted_tokens,
-    )
+    slots, sizes, admitted, admitted_tokens = rest
+    if slots:
+        decodes = np.concatenate([decodes, np.array(slots, dtype=np.int32)])
+    num_new = np.ones(len(decodes), dtype=np.int32)
+    num_new[len(num_new) - len(sizes) :] = sizes
+    return Selection.built(decodes, num_new, admitted, admitted_tokens)
 
 
 def selection_after_decodes(  # noqa: PLR0913 -- the step's limits, as plain values
@@ -121,6 +111,32 @@ def selection_after_decodes(  # noqa: PLR0913 -- the step's limits, as plain val
     ``prefills`` are :attr:`RunningState.prefills`; ``tokens_left`` and ``pages_left`` what the
     budget and the free pages leave after the decodes.
     """
+    rest = _after_decodes(
+        prefills, candidates, chunker, max_declined, tokens_left, seats, pages_left, watermark_pages, page_size
+    )
+    if rest is None:
+        return None
+    slots, sizes, admitted, admitted_tokens = rest
+    return Selection.built(
+        np.array(slots, dtype=np.int32) if slots else _NO_SLOTS,
+        np.array(sizes, dtype=np.int32) if sizes else _NO_SLOTS,
+        admitted,
+        admitted_tokens,
+    )
+
+
+def _after_decodes(  # noqa: PLR0913, PLR0917 -- the step's state after the decodes
+    prefills: list[tuple[int, Request, int, int, int]],
+    candidates: Iterable[WaitingCandidate],
+    chunker: ChunkSizer,
+    max_declined: int,
+    tokens_left: int,
+    seats: int,
+    pages_left: int,
+    watermark_pages: int,
+    page_size: int,
+) -> tuple[list[int], list[int], tuple[str, ...], tuple[int, ...]] | None:
+    """:func:`selection_after_decodes` as plain lists: the chunks' slots and sizes, the admissions."""
     # Unfinished prefills (by slot, or id once admitted): tokens left before the step, and the
     # pages they still need, which admissions must leave them (the builder's _partial, _reserve).
     partial: dict[int | str, int] = {}
@@ -152,12 +168,7 @@ def selection_after_decodes(  # noqa: PLR0913 -- the step's limits, as plain val
     admitted, admitted_tokens = _admissions(
         candidates, chunker, partial, max_declined, tokens_left, seats, room, page_size
     )
-    return Selection.built(
-        np.array(slots, dtype=np.int32) if slots else _NO_SLOTS,
-        np.array(sizes, dtype=np.int32) if sizes else _NO_SLOTS,
-        admitted,
-        admitted_tokens,
-    )
+    return slots, sizes, admitted, admitted_tokens
 
 
 def _admissions(  # noqa: PLR0913, PLR0917 -- the step's state after the running requests
