@@ -449,9 +449,10 @@ class Scheduler:
         self._steady_fast_path = type(self.policy.priority) in EVERY_DECODE_PRIORITIES
         self._chunk_limit = chunk_limit(self.policy)  # None: chunk_run() never applies
         self._steady: _SteadyBatch | None = None  # valid while its version is the scheduler's
-        # Mixed steps (decodes beside prefill chunks or admissions) keep their decodes' part from
-        # step to step, for decode-first with a chunk sizer that never reads the batch and no
-        # preemption for waiting requests: the policy is then only asked about the rest.
+        # For decode-first with a chunk sizer that never reads the batch and no preemption for
+        # waiting requests, a step that preempts nobody is worked out from the state
+        # (known_selection), and mixed steps (decodes beside prefill chunks or admissions) keep
+        # their decodes' part from step to step: only the rest is planned.
         self._mixed_fast_path = (
             type(self.policy.priority) is DecodeFirst
             and type(self.policy.chunker) in BATCH_BLIND_CHUNKERS
