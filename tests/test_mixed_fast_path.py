@@ -207,7 +207,23 @@ def run(policy: SchedulingPolicy, workload: list[Arrival], steps: list[Events], 
         assert fast.scheduler.kv.cache_stats == slow.scheduler.kv.cache_stats
 
 
+def decoding_beside_a_long_prompt(
+    policy: SchedulingPolicy, *, decodes: int, prompt_len: int
+) -> tuple[Scheduler, DeterministicExecutor]:
+    """A scheduler whose ``decodes`` short requests decode (``d0``, ...) while ``long`` waits."""
+    scheduler = Scheduler(SchedulerConfig(num_pages=128, page_size=4), policy)
+    executor = DeterministicExecutor()
+    for i in range(decodes):
+        scheduler.add_request(Request(f"d{i}", prompt_token_ids=[i, 1, 2], max_new_tokens=40))
+    plan = scheduler.schedule()
+    scheduler.update(plan, executor.execute(plan))
+    scheduler.add_request(Request("long", prompt_token_ids=list(range(prompt_len)), max_new_tokens=2))
+    return scheduler, executor
+
+
 SETTINGS = settings(deadline=None, max_examples=250, suppress_health_check=[HealthCheck.too_slow])
+NO_CORE = 1 << 30
+"""A ``_MIXED_CORE_MIN`` no workload here reaches."""
 
 
 class TestMixedFastPath:
@@ -217,9 +233,9 @@ class TestMixedFastPath:
         steps=st.lists(events, min_size=20, max_size=80),
         pages=st.integers(12, 80),
         watermark=st.sampled_from((0.0, 0.1)),
-        core_min=st.sampled_from((0, 0, 2, 4)),
+        core_min=st.sampled_from((0, 0, 2, 4, NO_CORE, NO_CORE, NO_CORE)),
     )
-    @SETTINGS
+    @settings(SETTINGS, max_examples=500)
     def test_plans_match_the_policy_asked_in_full(
         self,
         policy: SchedulingPolicy,
@@ -232,24 +248,10 @@ class TestMixedFastPath:
         """With aborts, abandons, executor finishes, stop tokens and the prefix cache, both schedulers say the same.
 
         ``core_min`` above 0 makes steps switch between the mixed path and the policy's as the
-        running set crosses the size from which mixed steps build a decode core.
+        running set crosses the size from which mixed steps build a decode core; at ``NO_CORE``
+        no step has one, so decode-first's steps are all worked out from the state.
         """
         with mock.patch.object(phasesched.scheduler, "_MIXED_CORE_MIN", core_min):
-            run(policy, workload, steps, pages, watermark)
-
-    @given(
-        policy=policies(),
-        workload=st.lists(arrivals(), min_size=2, max_size=14),
-        steps=st.lists(events, min_size=20, max_size=80),
-        pages=st.integers(12, 80),
-        watermark=st.sampled_from((0.0, 0.1)),
-    )
-    @SETTINGS
-    def test_steps_worked_out_without_a_core_match_the_policy(
-        self, policy: SchedulingPolicy, workload: list[Arrival], steps: list[Events], pages: int, watermark: float
-    ) -> None:
-        """Without a decode core, decode-first's steps are worked out from the state: the policy's plans."""
-        with mock.patch.object(phasesched.scheduler, "_MIXED_CORE_MIN", 1 << 30):
             run(policy, workload, steps, pages, watermark)
 
     def test_the_policy_is_not_asked_for_a_known_step(self) -> None:
@@ -262,15 +264,9 @@ class TestMixedFastPath:
             (load_policy("vllm-priority", options), True),  # waiting requests may preempt
             (attrs.evolve(vllm, queue_order=LongestPrefixMatch()), True),  # the queue is re-ranked
         ):
-            scheduler = Scheduler(SchedulerConfig(num_pages=128, page_size=4), policy)
-            executor = DeterministicExecutor()
-            for i in range(3):
-                scheduler.add_request(Request(f"d{i}", prompt_token_ids=[i, 1, 2], max_new_tokens=40))
-            plan = scheduler.schedule()
-            scheduler.update(plan, executor.execute(plan))
-            scheduler.add_request(Request("long", prompt_token_ids=list(range(30)), max_new_tokens=2))
+            scheduler, _ = decoding_beside_a_long_prompt(policy, decodes=3, prompt_len=30)
             with (
-                mock.patch.object(phasesched.scheduler, "_MIXED_CORE_MIN", 1 << 30),  # no decode core
+                mock.patch.object(phasesched.scheduler, "_MIXED_CORE_MIN", NO_CORE),
                 mock.patch.object(Scheduler, "_ask_policy", side_effect=AssertionError("asked")) as ask,
             ):
                 try:
@@ -285,13 +281,7 @@ class TestMixedFastPath:
     def test_the_mixed_path_is_taken(self) -> None:
         """A long prompt chunked beside running decodes is planned by the mixed path, its decodes kept."""
         policy = load_policy("vllm", PolicyOptions(max_num_batched_tokens=16, max_num_seqs=8))
-        scheduler = Scheduler(SchedulerConfig(num_pages=128, page_size=4), policy)
-        executor = DeterministicExecutor()
-        for i in range(4):
-            scheduler.add_request(Request(f"d{i}", prompt_token_ids=[i, 1, 2], max_new_tokens=40))
-        plan = scheduler.schedule()
-        scheduler.update(plan, executor.execute(plan))
-        scheduler.add_request(Request("long", prompt_token_ids=list(range(60)), max_new_tokens=2))
+        scheduler, executor = decoding_beside_a_long_prompt(policy, decodes=4, prompt_len=60)
         cores = []
         for _ in range(4):
             plan = scheduler.schedule()

@@ -31,7 +31,7 @@ if TYPE_CHECKING:
     from phasesched.request import Request
     from phasesched.waiting import WaitingCandidate
 
-__all__ = ["RunningState", "decode_first_selection", "selection_after_decodes"]
+__all__ = ["RunningState", "StepRoom", "decode_first_selection", "selection_after_decodes"]
 
 Int32Array = NDArray[np.int32]
 _NO_TOKENS = np.zeros(0, dtype=np.int64)  # a batch-blind sizer reads no batch
@@ -51,17 +51,29 @@ class RunningState(NamedTuple):
     """Each slot with prefill work left, with its request, computed and known tokens, and pages held."""
 
 
-def decode_first_selection(  # noqa: PLR0913 -- the step's limits, as plain values
-    running: RunningState,
-    candidates: Iterable[WaitingCandidate],
-    chunker: ChunkSizer,
-    *,
-    max_declined: int,
-    tokens: int,
-    seats: int,
-    free_pages: int,
-    watermark_pages: int,
-    page_size: int,
+class StepRoom(NamedTuple):
+    """What the step can still hold, and the constants of decode-first's rules."""
+
+    tokens: int
+    """Tokens the budget leaves."""
+    seats: int
+    """Sequence seats free (the cap less the running requests)."""
+    pages: int
+    """Free KV pages."""
+    watermark_pages: int
+    """Pages admissions must leave free."""
+    page_size: int
+    """Tokens per page."""
+    max_declined: int
+    """:class:`~phasesched.policies.priority.DecodeFirst`'s bound on candidates the chunk sizer declines."""
+
+    def less(self, *, tokens: int, pages: int) -> StepRoom:
+        """The room once part of the step is in: ``tokens`` and ``pages`` left (``_replace``, in one call)."""
+        return StepRoom(tokens, self.seats, pages, self.watermark_pages, self.page_size, self.max_declined)
+
+
+def decode_first_selection(
+    running: RunningState, candidates: Iterable[WaitingCandidate], chunker: ChunkSizer, room: StepRoom
 ) -> Selection | None:
     """Decode-first's selection for the step, or ``None`` when it would preempt (the policy decides then).
 
@@ -69,20 +81,13 @@ def decode_first_selection(  # noqa: PLR0913 -- the step's limits, as plain valu
         running: The running requests.
         candidates: The waiting requests in queue order, lazily (as the policy's view gives them).
         chunker: The policy's chunk sizer (batch-blind).
-        max_declined: :class:`~phasesched.policies.priority.DecodeFirst`'s bound on declined candidates.
-        tokens: The step's token budget.
-        seats: Sequence seats free (the cap less the running requests).
-        free_pages: Free KV pages.
-        watermark_pages: Pages admissions must leave free.
-        page_size: Tokens per page.
+        room: The whole step's room: the token budget, the free pages.
     """
     decodes = running.decodes
-    tokens_left, pages_left = tokens - len(decodes), free_pages - running.decode_pages
-    if tokens_left < 0 or pages_left < 0:
+    tokens, pages = room.tokens - len(decodes), room.pages - running.decode_pages
+    if tokens < 0 or pages < 0:
         return None  # the decodes do not all fit: the builder takes some, or preempts
-    rest = _after_decodes(
-        running.prefills, candidates, chunker, max_declined, tokens_left, seats, pages_left, watermark_pages, page_size
-    )
+    rest = _after_decodes(running.prefills, candidates, chunker, room.less(tokens=tokens, pages=pages))
     if rest is None:
         return None
     slots, sizes, admitted, admitted_tokens = rest
@@ -93,27 +98,18 @@ def decode_first_selection(  # noqa: PLR0913 -- the step's limits, as plain valu
     return Selection.built(decodes, num_new, admitted, admitted_tokens)
 
 
-def selection_after_decodes(  # noqa: PLR0913 -- the step's limits, as plain values
+def selection_after_decodes(
     prefills: list[tuple[int, Request, int, int, int]],
     candidates: Iterable[WaitingCandidate],
     chunker: ChunkSizer,
-    *,
-    max_declined: int,
-    tokens_left: int,
-    seats: int,
-    pages_left: int,
-    watermark_pages: int,
-    page_size: int,
+    room: StepRoom,
 ) -> Selection | None:
     """What decode-first adds once every decode is in: ongoing chunks, then admissions (``None``: it would preempt).
 
     The mixed-step fast path keeps the decodes from step to step and asks only this.
-    ``prefills`` are :attr:`RunningState.prefills`; ``tokens_left`` and ``pages_left`` what the
-    budget and the free pages leave after the decodes.
+    ``prefills`` are :attr:`RunningState.prefills`; ``room`` is what the decodes leave.
     """
-    rest = _after_decodes(
-        prefills, candidates, chunker, max_declined, tokens_left, seats, pages_left, watermark_pages, page_size
-    )
+    rest = _after_decodes(prefills, candidates, chunker, room)
     if rest is None:
         return None
     slots, sizes, admitted, admitted_tokens = rest
@@ -125,18 +121,14 @@ def selection_after_decodes(  # noqa: PLR0913 -- the step's limits, as plain val
     )
 
 
-def _after_decodes(  # noqa: PLR0913, PLR0917 -- the step's state after the decodes
+def _after_decodes(
     prefills: list[tuple[int, Request, int, int, int]],
     candidates: Iterable[WaitingCandidate],
     chunker: ChunkSizer,
-    max_declined: int,
-    tokens_left: int,
-    seats: int,
-    pages_left: int,
-    watermark_pages: int,
-    page_size: int,
+    room: StepRoom,
 ) -> tuple[list[int], list[int], tuple[str, ...], tuple[int, ...]] | None:
     """:func:`selection_after_decodes` as plain lists: the chunks' slots and sizes, the admissions."""
+    page_size, tokens_left, pages_left = room.page_size, room.tokens, room.pages
     # Unfinished prefills (by slot, or id once admitted): tokens left before the step, and the
     # pages they still need, which admissions must leave them (the builder's _partial, _reserve).
     partial: dict[int | str, int] = {}
@@ -164,28 +156,22 @@ def _after_decodes(  # noqa: PLR0913, PLR0917 -- the step's state after the deco
         reserve[slot] -= pages
         if size >= partial[slot]:
             del partial[slot], reserve[slot]
-    room = pages_left - watermark_pages - sum(reserve.values())  # what ongoing prefills still need is theirs
-    admitted, admitted_tokens = _admissions(
-        candidates, chunker, partial, max_declined, tokens_left, seats, room, page_size
-    )
+    # Admissions may use the free pages beyond the watermark and what ongoing prefills still need.
+    after = room.less(tokens=tokens_left, pages=pages_left - room.watermark_pages - sum(reserve.values()))
+    admitted, admitted_tokens = _admissions(candidates, chunker, partial, after)
     return slots, sizes, admitted, admitted_tokens
 
 
-def _admissions(  # noqa: PLR0913, PLR0917 -- the step's state after the running requests
-    candidates: Iterable[WaitingCandidate],
-    chunker: ChunkSizer,
-    partial: dict[int | str, int],
-    max_declined: int,
-    tokens_left: int,
-    seats: int,
-    room: int,
-    page_size: int,
+def _admissions(
+    candidates: Iterable[WaitingCandidate], chunker: ChunkSizer, partial: dict[int | str, int], room: StepRoom
 ) -> tuple[tuple[str, ...], tuple[int, ...]]:
     """The admissions, in queue order, as ``BatchBuilder.admit`` makes them when nobody may be preempted.
 
-    ``room`` is the free pages beyond the watermark and what unfinished prefills still need;
-    admissions stop at the first candidate short of a seat, a token or room for its whole prefill.
+    ``room.pages`` is the free pages admissions may use (beyond the watermark and what
+    unfinished prefills still need); admissions stop at the first candidate short of a seat, a
+    token or room for its whole prefill.
     """
+    tokens_left, seats, pages_left, page_size = room.tokens, room.seats, room.pages, room.page_size
     admitted: list[str] = []
     admitted_tokens: list[int] = []
     declined = 0
@@ -197,19 +183,19 @@ def _admissions(  # noqa: PLR0913, PLR0917 -- the step's state after the running
         size = checked_chunk(chunker, first, context)
         if size == 0:
             declined += 1
-            if declined > max_declined:
+            if declined > room.max_declined:
                 break
             continue
         whole = -(-candidate.num_tokens // page_size)
-        if seats < 1 or whole > room:
+        if seats < 1 or whole > pages_left:
             break
         pages = -(-(candidate.num_computed + size) // page_size)
         admitted.append(candidate.request_id)
         admitted_tokens.append(size)
         tokens_left -= size
         seats -= 1
-        room -= pages
+        pages_left -= pages
         if size < candidate.remaining:
             partial[candidate.request_id] = candidate.remaining
-            room -= whole - pages  # reserved for its later chunks
+            pages_left -= whole - pages  # reserved for its later chunks
     return tuple(admitted), tuple(admitted_tokens)

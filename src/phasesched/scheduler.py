@@ -34,7 +34,7 @@ from phasesched.errors import (
 )
 from phasesched.executor import StepResult
 from phasesched.journal import Journal
-from phasesched.known_selection import RunningState, decode_first_selection, selection_after_decodes
+from phasesched.known_selection import RunningState, StepRoom, decode_first_selection, selection_after_decodes
 from phasesched.kv import Claim, HeldKV, KVView, PagedKVManager
 from phasesched.plan import StepPlan, build_step_plan, token_positions
 from phasesched.policies.builder import BATCH_BLIND_CHUNKERS, BatchBuilder, checked_chunk
@@ -799,16 +799,16 @@ class Scheduler:
         priority, budget, kv, running = self.policy.priority, self.policy.budget, self._kv, self._running
         assert isinstance(priority, DecodeFirst)  # _mixed_fast_path's promise
         if self._reorder is None:
+            room = StepRoom(
+                budget.max_num_batched_tokens - len(core.running),
+                budget.max_num_seqs - len(running),
+                kv.num_free_pages - growth,
+                kv.watermark_pages,
+                kv.page_size,
+                priority.max_declined,
+            )
             return selection_after_decodes(
-                self._prefills(running[~is_decode]),
-                self._candidates(),
-                self.policy.chunker,
-                max_declined=priority.max_declined,
-                tokens_left=budget.max_num_batched_tokens - len(core.running),
-                seats=budget.max_num_seqs - len(running),
-                pages_left=kv.num_free_pages - growth,
-                watermark_pages=kv.watermark_pages,
-                page_size=kv.page_size,
+                self._prefills(running[~is_decode]), self._candidates(), self.policy.chunker, room
             )
         view = self._view(now)
         builder = BatchBuilder(view, self.policy.chunker, self.policy.preemption, is_decode=is_decode)
@@ -1029,16 +1029,16 @@ class Scheduler:
         growth = int(kv.pages_to_grow(decodes, computed[is_decode] + 1).sum()) if len(decodes) else 0
         budget, priority = self.policy.budget, self.policy.priority
         assert isinstance(priority, DecodeFirst)  # _mixed_fast_path's promise
+        room = StepRoom(
+            budget.max_num_batched_tokens,
+            budget.max_num_seqs - len(running),
+            kv.num_free_pages,
+            kv.watermark_pages,
+            kv.page_size,
+            priority.max_declined,
+        )
         selection = decode_first_selection(
-            RunningState(decodes, growth, prefills),
-            self._candidates(),
-            self.policy.chunker,
-            max_declined=priority.max_declined,
-            tokens=budget.max_num_batched_tokens,
-            seats=budget.max_num_seqs - len(running),
-            free_pages=kv.num_free_pages,
-            watermark_pages=kv.watermark_pages,
-            page_size=kv.page_size,
+            RunningState(decodes, growth, prefills), self._candidates(), self.policy.chunker, room
         )
         if selection is None:
             return None
