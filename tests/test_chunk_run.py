@@ -82,13 +82,13 @@ class TestChunkRun:
                 count = data.draw(st.integers(1, run.max_steps))
                 finished = [f.request_id for f in ran.advance_chunks(run, count)]
                 expected: list[str] = []
-                for step in run.steps[:count]:
+                for j, step in enumerate(run.steps[:count]):
                     plan = stepped.schedule(float(tick))
                     assert plan.slots.tolist() == step.slots.tolist()
                     assert plan.num_new.tolist() == step.num_new.tolist()
                     assert plan.kv_len.tolist() == step.kv_len.tolist()
                     assert plan.samples.tolist() == step.samples.tolist()
-                    assert not plan.new_requests
+                    assert [r.request_id for r in plan.new_requests] == list(run.admitted if j == 0 else ())
                     assert not plan.preempted
                     expected += [f.request_id for f in stepped.update(plan, result_of(plan)).finished]
                 assert finished == expected

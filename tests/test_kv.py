@@ -165,6 +165,20 @@ class TestPagedKVManager:
         assert (kv.cached_prefix(page_hashes(list(range(6)), 2), 3), kv.num_free_pages, kv.cache_stats) == before
         kv.check_invariants()
 
+    @given(st.lists(st.tuples(st.integers(0, 12), st.integers(0, 5)), min_size=1, max_size=8))
+    def test_next_slots_are_the_slots_open_returns(self, rounds: list[tuple[int, int]]) -> None:
+        """``next_slots(n)`` names the slots the next n ``open()`` calls hand out, past row growth and frees."""
+        kv = PagedKVManager(num_pages=4, page_size=4)
+        opened: list[int] = []
+        for count, freed in rounds:
+            named = kv.next_slots(count).tolist()
+            opened += [kv.open() for _ in range(count)]
+            assert named == opened[len(opened) - count :]
+            if freed and opened:
+                kv.free_many(np.array(opened[-freed:], np.int32))
+                del opened[-freed:]
+        kv.check_invariants()
+
     def test_free_twice_raises(self) -> None:
         """Freeing a freed table is an error, so pages are never freed twice."""
         kv = PagedKVManager(num_pages=4, page_size=4)

@@ -8,6 +8,10 @@ simulator asks the scheduler for those steps up to the first that completes a pr
 (:meth:`phasesched.scheduler.Scheduler.chunk_run`), prices them, and commits as many as happen
 before its next event (:meth:`phasesched.scheduler.Scheduler.advance_chunks`). The result is
 exactly what stepping one by one gives; a property test holds the two against each other.
+
+A run may also begin with the step that admits a waiting request, when decode-first's step is
+worked out from the state (:mod:`phasesched.known_selection`) and admits fresh prompts without
+preempting anyone: an arrival into a steady batch then costs no step of its own.
 """
 
 from __future__ import annotations
@@ -24,7 +28,7 @@ from phasesched.policies.priority import DecodeFirst
 if TYPE_CHECKING:
     from phasesched.policies.policy import SchedulingPolicy
 
-__all__ = ["ChunkRun", "ChunkStep", "chunk_limit", "plan_chunk_steps"]
+__all__ = ["ChunkRun", "ChunkStep", "chunk_limit", "plan_chunk_steps", "plan_steps_after"]
 
 Int32Array = NDArray[np.int32]
 BoolArray = NDArray[np.bool_]
@@ -51,8 +55,8 @@ class ChunkStep:
 class ChunkRun:
     """Decode-first steps with prefill chunks that the scheduler is certain to take next.
 
-    See :meth:`phasesched.scheduler.Scheduler.chunk_run`. Only its last step may complete a
-    prefill or finish requests.
+    See :meth:`phasesched.scheduler.Scheduler.chunk_run`. Only its first step may admit
+    requests, and only its last may complete a prefill or finish requests.
 
     Attributes:
         steps: The steps, in order.
@@ -67,6 +71,8 @@ class ChunkRun:
     ignores_later_arrivals: bool = False
     """Every step spends the whole budget, so requests that arrive while the run lasts cannot
     be admitted in any of its steps (see :class:`~phasesched.decode_run.DecodeRun`)."""
+    admitted: tuple[str, ...] = ()
+    """Requests the first step admits, by id; their slots end its ``slots``, in this order."""
 
     @property
     def max_steps(self) -> int:
@@ -167,6 +173,60 @@ def plan_chunk_steps(  # noqa: PLR0913 -- the batch's state, as plain arrays
         if any(samples):
             break
     return steps, growth
+
+
+def plan_steps_after(  # noqa: PLR0913 -- the first step, and plan_chunk_steps's limits
+    first: ChunkStep,
+    first_growth: int,
+    known: Int32Array,
+    *,
+    num_decodes: int,
+    tokens_left: int,
+    chunk_limit: int,
+    page_size: int,
+    free_pages: int,
+    max_steps: int,
+    spend_budget: bool,
+) -> tuple[list[ChunkStep], list[int]]:
+    """A step that admits requests, then the decode-first steps after it until the first that completes a prefill.
+
+    A step that admits anyone gave every ongoing prefill its chunk (they come first, and budget
+    was left for the admissions), so its slices after the decodes are every prefill after it,
+    in admission order.
+
+    Args:
+        first: The admitting step: ``num_decodes`` decodes, then every prefill's slice.
+        first_growth: KV pages ``first`` adds.
+        known: int32 ``[B]``: the known tokens of ``first``'s slices.
+        num_decodes: The decodes leading ``first``.
+        tokens_left: The token budget left after the decodes.
+        chunk_limit: The longest slice the chunk sizer gives a prefill.
+        page_size: Tokens per page.
+        free_pages: Free KV pages before ``first``.
+        max_steps: The most steps wanted, ``first`` included (``>= 1``).
+        spend_budget: As for :func:`plan_chunk_steps`.
+
+    Returns:
+        ``first`` and the steps after it, and the pages added by the end of each.
+    """
+    steps, growth = [first], [first_growth]
+    n = num_decodes
+    if max_steps == 1 or np.count_nonzero(first.samples[n:]):
+        return steps, growth
+    after, after_growth = plan_chunk_steps(
+        first.slots[:n],
+        first.kv_len[:n],
+        first.slots[n:],
+        first.kv_len[n:],
+        known[n:],
+        tokens_left=tokens_left,
+        chunk_limit=chunk_limit,
+        page_size=page_size,
+        free_pages=free_pages - first_growth,
+        max_steps=max_steps - 1,
+        spend_budget=spend_budget,
+    )
+    return steps + after, growth + [first_growth + pages for pages in after_growth]
 
 
 def _chunk_sizes(computed: list[int], known: list[int], tokens_left: int, chunk_limit: int) -> tuple[list[int], int]:

@@ -329,6 +329,16 @@ class PagedKVManager:
         self._nameable[slot] = INT32_MAX  # a new table's content is known until limit_naming says otherwise
         return slot
 
+    def next_slots(self, count: int) -> Int32Array:
+        """The slots the next ``count`` calls of :meth:`open` return, in order.
+
+        A plan made ahead of its commit (a simulator's run that admits) names its tables by
+        them. Rows are grown now if too few are free, which changes no table.
+        """
+        while len(self._free_slots) < count:
+            self._grow_rows()
+        return np.array(self._free_slots[: -count - 1 : -1], dtype=np.int32)
+
     def grow_to(self, slot: int, num_tokens: int) -> None:
         """Make table ``slot`` hold at least ``num_tokens`` tokens' pages.
 

@@ -21,7 +21,7 @@ import attrs
 import numpy as np
 from numpy.typing import NDArray
 
-from phasesched.chunk_run import ChunkRun, chunk_limit, plan_chunk_steps
+from phasesched.chunk_run import ChunkRun, ChunkStep, chunk_limit, plan_chunk_steps, plan_steps_after
 from phasesched.decode_run import DecodeRun, segment_bounds, steps_that_fit
 from phasesched.errors import (
     DuplicateRequestError,
@@ -460,6 +460,7 @@ class Scheduler:
             and not self.policy.preemption.preempt_for_waiting
         )
         self._core: _SteadyBatch | None = None  # the decodes of the mixed plans, while they decode (_mixed_plan)
+        self._known: tuple[int, CheckedSelection | None] = (-1, None)  # _known_selection()'s at a version
         # Waiting requests leave a steady step as it is once the sequence cap is reached, if the
         # policy never preempts for them and its chunk sizer is a built-in one: the priority then
         # asks the chunk sizer about one (a plugin's answer could raise) and finds no seat.
@@ -868,10 +869,7 @@ class Scheduler:
         selection = checked.selection
         if selection.admitted:
             self._save_scalars(journal)
-        if self._claims:  # the last plan's claims: it was updated or abandoned
-            claims = self._claims
-            self._claims = {}
-            journal.record(functools.partial(setattr, self, "_claims", claims))
+        self._drop_claims(journal)
         admitted, new_requests = _NO_SLOTS, list[Request]()
         if selection.admitted:
             admitted, new_requests = self._admit(selection.admitted, checked.admitted_cached, journal)
@@ -1021,6 +1019,9 @@ class Scheduler:
         """
         if self._reorder is not None:
             return None
+        version, known_selection = self._known
+        if version == self._version:  # chunk_run() worked it out for an admitting run, and took none
+            return known_selection
         running, arrays, kv = self._running, self._arrays, self._kv
         computed, known = arrays.computed[running], arrays.known[running]
         is_decode = (known - computed == 1) & (computed >= arrays.prompt_len[running])  # BatchBuilder's test
@@ -1040,11 +1041,13 @@ class Scheduler:
         selection = decode_first_selection(
             RunningState(decodes, growth, prefills), self._candidates(), self.policy.chunker, room
         )
-        if selection is None:
-            return None
-        return check_selection(
-            selection, arrays=arrays, running=running, waiting=self._waiting, kv=kv, budget=budget, trusted=True
-        )
+        checked = None
+        if selection is not None:
+            checked = check_selection(
+                selection, arrays=arrays, running=running, waiting=self._waiting, kv=kv, budget=budget, trusted=True
+            )
+        self._known = (self._version, checked)
+        return checked
 
     def _ask_policy(self, now: float) -> CheckedSelection:
         """The policy's selection for this step, checked before anything changes."""
@@ -1463,9 +1466,9 @@ class Scheduler:
     def chunk_run(self, max_steps: int) -> ChunkRun | None:
         """The next steps, if they are certain to be decode-first steps with prefill chunks (a simulation fast path).
 
-        It applies when no plan is in flight, at least one running request is
-        part-way through its prefill, no running request's tokens matter (as for
-        :meth:`decode_run`), the phase priority is exactly
+        It applies when no plan is in flight, at least one running request is part-way through
+        its prefill (or the first step admits one, below), no running request's tokens matter
+        (as for :meth:`decode_run`), the phase priority is exactly
         :class:`~phasesched.policies.priority.DecodeFirst` and the chunk sizer exactly
         :class:`~phasesched.policies.chunking.FixedChunk` or
         :class:`~phasesched.policies.chunking.LongPrefillThreshold`. Each step then schedules every
@@ -1477,6 +1480,13 @@ class Scheduler:
         would offer them), and as every step spends the budget, requests that arrive meanwhile
         change none of them (``ignores_later_arrivals``).
 
+        Where decode-first's step is worked out from the state (exactly
+        :class:`~phasesched.policies.preemption.PreemptionPolicy`, never preempting for waiting
+        requests) and admits waiting requests without preempting anyone, the run begins with that
+        step (``admitted``), then goes on as above, with the admitted prompts as ongoing
+        prefills; it may begin with no prefill under way. Only fresh prompts are admitted so:
+        no transferred KV (which the prefill worker must be told to let go) and no cached prefix.
+
         Returns:
             The run, capped at ``max_steps``, or ``None`` when it does not apply.
 
@@ -1487,7 +1497,7 @@ class Scheduler:
         if not is_int(max_steps):
             msg = f"max_steps must be an int, got {max_steps!r}"
             raise InvalidArgumentError(msg)
-        limit, running, arrays = self._chunk_limit, self._running, self._arrays
+        limit, arrays = self._chunk_limit, self._arrays
         # Requests may wait if the steps leave them no token: the policy's admit() then answers
         # NO_TOKENS before anything else, unless they may preempt or a queue order re-ranks them.
         waiting = bool(len(self._waiting))
@@ -1495,14 +1505,22 @@ class Scheduler:
             limit is None
             or max_steps < 1
             or self._in_flight is not None
-            or not len(running)
             or self._carried_preempted
             or arrays.num_with_tokens
             or (waiting and (self.policy.preemption.preempt_for_waiting or self._reorder is not None))
-            # A prefill under way was left so by the last step (update() and advance_chunks() note
-            # it); one the last plan gave no tokens is missed, which only costs a step by the policy.
-            or not np.count_nonzero(arrays.running[self._prefilling])
         ):
+            return None
+        # A prefill under way was left so by the last step (update() and advance_chunks() note
+        # it); one the last plan gave no tokens is missed, which only costs a step by the policy.
+        run = self._chunk_steps(limit, max_steps, waiting=waiting) if len(self._prefilling) else None
+        if run is None and waiting and self._mixed_fast_path:
+            return self._admitting_run(limit, max_steps)
+        return run
+
+    def _chunk_steps(self, limit: int, max_steps: int, *, waiting: bool) -> ChunkRun | None:
+        """The chunk run of the running requests alone (nobody admitted), if it applies (see :meth:`chunk_run`)."""
+        running, arrays = self._running, self._arrays
+        if not len(running) or not np.count_nonzero(arrays.running[self._prefilling]):
             return None
         computed, known = arrays.computed[running], arrays.known[running]
         decoding = (known - computed == 1) & (computed >= arrays.prompt_len[running])  # BatchBuilder's test
@@ -1514,12 +1532,6 @@ class Scheduler:
             return None
         if len(decodes):  # up to the first decode's finish
             max_steps = min(max_steps, int((arrays.max_known[decodes] - known[decoding]).min()))
-        kv = self._kv
-        free = kv.num_free_pages
-        if self._holds and kv.prefix_caching:
-            # Held KV may be released while the run lasts (P/D), parking cached pages that stepping
-            # could evict for a later step's growth: take only steps that evict nothing.
-            free -= kv.num_cached_pages
         steps, growth = plan_chunk_steps(
             decodes,
             computed[decoding],
@@ -1528,8 +1540,8 @@ class Scheduler:
             known[~decoding],
             tokens_left=tokens_left,
             chunk_limit=limit,
-            page_size=kv.page_size,
-            free_pages=free,
+            page_size=self._kv.page_size,
+            free_pages=self._run_free_pages(),
             max_steps=max_steps,
             spend_budget=waiting,
         )
@@ -1537,6 +1549,67 @@ class Scheduler:
             return None
         growth_array = np.asarray(growth, dtype=np.int64)
         return ChunkRun(tuple(steps), growth_array, len(decodes), self._version, ignores_later_arrivals=waiting)
+
+    def _admitting_run(self, limit: int, max_steps: int) -> ChunkRun | None:
+        """A chunk run whose first step is decode-first's admitting step, worked out from the state.
+
+        Only fresh prompts are admitted so: a transferred prompt's admission lets go of its
+        prefill worker's copy (its plan's ``new_requests`` tell the engine), and a claimed cached
+        prefix takes idle cached pages that the run's page count would have to follow.
+        """
+        checked = self._known_selection()
+        if checked is None or not checked.selection.admitted or any(checked.admitted_cached):
+            return None
+        selection, running, arrays, kv = checked.selection, self._running, self._arrays, self._kv
+        seqs = [self._seqs[request_id] for request_id in selection.admitted]
+        if any(seq.precomputed for seq in seqs) or len(selection.running_slots) < len(running):
+            return None  # (an admission leaves every running request its slice: decodes, then prefills)
+        computed, known = arrays.computed[running], arrays.known[running]
+        decoding = (known - computed == 1) & (computed >= arrays.prompt_len[running])
+        num_decodes = int(np.count_nonzero(decoding))
+        if num_decodes:  # up to the first decode's finish
+            max_steps = min(max_steps, int((arrays.max_known[running[decoding]] - known[decoding]).min()))
+        tokens = np.asarray(selection.admitted_tokens, dtype=np.int32)
+        kv_len = np.concatenate([checked.start + selection.running_tokens, tokens])  # admissions start empty
+        step_known = np.concatenate([checked.known, np.array([seq.num_tokens for seq in seqs], dtype=np.int32)])
+        first = ChunkStep(
+            slots=np.concatenate([selection.running_slots, kv.next_slots(len(seqs))]),
+            num_new=np.concatenate([selection.running_tokens, tokens]),
+            kv_len=kv_len,
+            samples=kv_len == step_known,
+        )
+        first_growth = int(checked.new_pages.sum()) + int((-(-tokens // kv.page_size)).sum())
+        waiting = len(self._waiting) > len(seqs)
+        steps, growth = plan_steps_after(
+            first,
+            first_growth,
+            step_known,
+            num_decodes=num_decodes,
+            tokens_left=self.policy.budget.max_num_batched_tokens - num_decodes,
+            chunk_limit=limit,
+            page_size=kv.page_size,
+            free_pages=self._run_free_pages(),  # (the first step fits: decode-first chose it from the state now)
+            max_steps=max_steps,
+            spend_budget=waiting,
+        )
+        growth_array = np.asarray(growth, dtype=np.int64)
+        return ChunkRun(
+            tuple(steps),
+            growth_array,
+            num_decodes,
+            self._version,
+            ignores_later_arrivals=waiting,
+            admitted=selection.admitted,
+        )
+
+    def _run_free_pages(self) -> int:
+        """Free pages a run's steps may take."""
+        kv = self._kv
+        if self._holds and kv.prefix_caching:
+            # Held KV may be released while the run lasts (P/D), parking cached pages that stepping
+            # could evict for a later step's growth: take only steps that evict nothing.
+            return kv.num_free_pages - kv.num_cached_pages
+        return kv.num_free_pages
 
     def advance_chunks(self, run: ChunkRun, num_steps: int) -> tuple[FinishedRequest, ...]:
         """Take the first ``num_steps`` of ``run``'s steps at once, as ``schedule``/``update`` would one by one.
@@ -1587,6 +1660,8 @@ class Scheduler:
 
     def _advance_chunks(self, run: ChunkRun, num_steps: int, journal: Journal) -> tuple[FinishedRequest, ...]:
         """Each step's commit and update, as ``_commit`` and ``_apply`` make them (pages, then tokens, then names)."""
+        if run.admitted:
+            self._admit_first(run, journal)
         arrays, kv, steps = self._arrays, self._kv, run.steps[:num_steps]
         first, last, decodes = steps[0], steps[-1], run.num_decodes
         # Usually every step has the same slices (the ongoing prefills that fit are a prefix of them).
@@ -1623,6 +1698,20 @@ class Scheduler:
             return ()
         return self._finish(done, [FinishReason.LENGTH] * len(done), journal)
 
+    def _admit_first(self, run: ChunkRun, journal: Journal) -> None:
+        """The admissions of a run's first step, as its commit makes them (into the slots the run named)."""
+        admitted, _ = self._admit(run.admitted, (0,) * len(run.admitted), journal)
+        self._drop_claims(journal)  # the last plan's and these: no plan is in flight to abandon them
+        named = run.steps[0].slots[len(run.steps[0].slots) - len(admitted) :]
+        assert admitted.tolist() == named.tolist(), "the run named other slots than its admissions took"
+
+    def _drop_claims(self, journal: Journal) -> None:
+        """Forget the last plan's cached-prefix claims: it was updated or abandoned (only ``abandon`` reads them)."""
+        if self._claims:
+            claims = self._claims
+            self._claims = {}
+            journal.record(functools.partial(setattr, self, "_claims", claims))
+
     def _waiting_unseated(self) -> bool:
         """Whether no waiting request can be seated in this step (see ``_seated_steady``)."""
         return self._seated_steady and len(self._running) >= self.policy.budget.max_num_seqs
@@ -1644,20 +1733,21 @@ class Scheduler:
         running = self._running
         if self._in_flight is not None or not len(running):
             return None
+        arrays, prefilling = self._arrays, self._prefilling
+        # The last plan's prefill still under way is the prefill test below, on its slots alone
+        # (first: it is cheaper than asking whether anybody waiting can be admitted).
+        if len(running) > self.policy.budget.max_num_batched_tokens or (
+            len(prefilling) and np.count_nonzero(arrays.running[prefilling])
+        ):
+            return None
         unseated = unseated_waiting and self._waiting_unseated()
         # Waiting requests the policy may admit; or certain to be admitted even if every decode
         # takes a page (the most a decode step takes: more room only admits more), said before
-        # any array is read.
+        # the running requests' arrays are read.
         if (
             len(self._waiting)
             and not unseated
             and (not self._may_block_admissions or not self._admits_nobody(len(running)))
-        ):
-            return None
-        arrays, prefilling = self._arrays, self._prefilling
-        # The last plan's prefill still under way is the prefill test below, on its slots alone.
-        if len(running) > self.policy.budget.max_num_batched_tokens or (
-            len(prefilling) and np.count_nonzero(arrays.running[prefilling])
         ):
             return None
         start, known = arrays.computed[running], arrays.known[running]
@@ -1921,10 +2011,7 @@ class Scheduler:
         preempted = [*self._carried_preempted, *self._preempt(selection.preempted, journal)]
         slots, start, known, num_new = selection.running_slots, checked.start, checked.known, selection.running_tokens
         new_requests: list[Request] = []
-        if self._claims:  # the last plan's claims: it was updated or abandoned
-            claims = self._claims
-            self._claims = {}
-            journal.record(functools.partial(setattr, self, "_claims", claims))
+        self._drop_claims(journal)
         if selection.admitted:  # first, so cached prefixes are claimed before growth may evict them
             admitted, new_requests = self._admit(selection.admitted, checked.admitted_cached, journal)
         self._extend(slots, checked.new_pages, journal)

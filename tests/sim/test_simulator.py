@@ -289,7 +289,7 @@ class TestRouting:
         assert fast.metrics.requests is not None
         third = next(r for r in fast.metrics.requests if r.request_id == "r2")
         assert third.ttft_s < 0.05  # on replica 1, at once: not queued behind r0 on replica 0
-        assert fast.workers[0].runs == 1  # replica 0's run passed r2's arrival
+        assert fast.workers[0].runs == 2  # r0's admitting step, then one decode run past r2's arrival
 
     def test_the_decode_router_sees_the_pages_a_run_has_taken_by_the_delivery(self) -> None:
         """As above, for KV delivered to one of two decode workers: r0 decodes on the first, r1 on the second."""
@@ -624,7 +624,7 @@ def test_one_workers_decode_runs_pass_finishes_when_nothing_waits() -> None:
     workload = Workload("staggered", arrival_s=[0.0] * 4, prompt_len=[64] * 4, output_len=[50, 100, 150, 200])
     fast = simulate(workload, load_policy("vllm"), keep_requests=True, keep_gaps=True)
     slow = simulate(workload, load_policy("vllm"), keep_requests=True, keep_gaps=True, fast_forward=False)
-    assert [(w.steps, w.runs) for w in fast.workers] == [(200, 1)]  # the prefill step, then one run of 199
+    assert [(w.steps, w.runs) for w in fast.workers] == [(200, 2)]  # the admitting prefill step, then one run of 199
     assert fast.metrics.gaps is not None
     assert slow.metrics.gaps is not None
     assert fast.metrics.gaps.end_s.tolist() == slow.metrics.gaps.end_s.tolist()
@@ -658,8 +658,9 @@ def test_replicas_take_long_runs_beside_each_other() -> None:
     """An arrival cuts only the run of the replica it is routed to, not every replica's."""
     result = simulate(fixed(40, prompt_len=256, output_len=400, rate=100.0), load_policy("vllm"), replicas=4)
     assert all(w.steps > 400 for w in result.workers)
-    # Each replica's runs end where one of its own 10 requests arrives or finishes (all 40 arrivals: 46+ runs).
-    assert all(w.runs <= 25 for w in result.workers), [(w.steps, w.runs) for w in result.workers]
+    # Each replica's runs end where one of its own 10 requests arrives or finishes, and each of those
+    # arrivals is admitted by a run of one step (cut by all 40 arrivals: 56+ runs).
+    assert all(w.runs <= 35 for w in result.workers), [(w.steps, w.runs) for w in result.workers]
 
 
 @st.composite
@@ -712,4 +713,11 @@ def test_prefill_chunks_beside_decodes_are_fast_forwarded() -> None:
     result = simulate(workload, load_policy("sarathi"))
     asked = result.steps - result.fast_forwarded_steps
     assert result.steps > 250  # 33 chunks of up to 508 tokens, and the decodes around them
-    assert asked <= 6  # the admissions (one a step: each prompt fills a chunk) and the last step
+    assert asked == 0  # the admissions begin runs too (one a step: each prompt fills a chunk)
+
+
+def test_an_arrival_into_a_steady_batch_is_admitted_by_a_run() -> None:
+    """Under sarathi, an arrival's admitting step and the chunks after it are one run, timed as stepping times it."""
+    workload = Workload("arrivals", arrival_s=[0.0, 0.2, 0.4], prompt_len=[700, 1500, 300], output_len=[400, 300, 20])
+    fast, _ = assert_times_of_stepping({"workload": workload, "policy": load_policy("sarathi")})
+    assert fast.steps == fast.fast_forwarded_steps

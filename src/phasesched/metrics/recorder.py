@@ -398,6 +398,9 @@ class WorkerRecorder:
         ``finished`` are the requests the last step finished; they leave, as from :meth:`on_step`.
         """
         times, count = [start, *ends.tolist()], run.num_decodes
+        if run.admitted:  # its first step's admissions: their slots end that step's slices
+            first = run.steps[0].slots
+            self._load(run.admitted, first[len(first) - len(run.admitted) :].tolist())
         decodes = run.steps[0].slots[:count]
         if not count or np.count_nonzero(self._has_first[decodes]) < count:
             count = 0  # a decode without a first token (a prompt's last token, or a decode worker's first)
@@ -487,7 +490,7 @@ class WorkerRecorder:
         decoding = sampled & has_first
         if np.count_nonzero(decoding):
             self._decode_tokens(slots[decoding], end)
-        for i in np.flatnonzero(~has_first).tolist():
+        for i in (~has_first).nonzero()[0].tolist():  # (np.flatnonzero costs ten Python calls here)
             self._early_slice(int(slots[i]), sampled=bool(sampled[i]), start=start, end=end)
 
     def _decode_tokens(self, slots: NDArray[np.int32], end: float) -> None:
@@ -519,11 +522,15 @@ class WorkerRecorder:
 
     def _load_new(self, plan: StepPlan) -> None:
         index = {rid: i for i, rid in enumerate(plan.request_ids)}
-        for request in plan.new_requests:
-            slot = int(plan.slots[index[request.request_id]])
-            timeline = self.parent._timeline(request.request_id)  # noqa: SLF001 -- one recorder family
+        ids = [request.request_id for request in plan.new_requests]
+        self._load(ids, [int(plan.slots[index[request_id]]) for request_id in ids])
+
+    def _load(self, request_ids: Iterable[str], slots: Iterable[int]) -> None:
+        """Requests the scheduler admitted into ``slots``: their timelines go on here."""
+        for request_id, slot in zip(request_ids, slots, strict=True):
+            timeline = self.parent._timeline(request_id)  # noqa: SLF001 -- one recorder family
             self._ensure(slot)
-            self._slot_of[request.request_id] = slot
+            self._slot_of[request_id] = slot
             self._timelines[slot] = timeline
             first = timeline.tokens > 0
             self._has_first[slot] = first
