@@ -167,15 +167,17 @@ class TestPagedKVManager:
 
     @given(st.lists(st.tuples(st.integers(0, 12), st.integers(0, 5)), min_size=1, max_size=8))
     def test_next_slots_are_the_slots_open_returns(self, rounds: list[tuple[int, int]]) -> None:
-        """``next_slots(n)`` names the slots the next n ``open()`` calls hand out, past row growth and frees."""
-        kv = PagedKVManager(num_pages=4, page_size=4)
+        """``next_slots(n)`` names the slots the next n ``open()`` calls hand out; asking changes nothing."""
+        kv, twin = PagedKVManager(num_pages=4, page_size=4), PagedKVManager(num_pages=4, page_size=4)
         opened: list[int] = []
         for count, freed in rounds:
             named = kv.next_slots(count).tolist()
             opened += [kv.open() for _ in range(count)]
             assert named == opened[len(opened) - count :]
+            assert named == [twin.open() for _ in range(count)]  # asking changed nothing
             if freed and opened:
                 kv.free_many(np.array(opened[-freed:], np.int32))
+                twin.free_many(np.array(opened[-freed:], np.int32))
                 del opened[-freed:]
         kv.check_invariants()
 

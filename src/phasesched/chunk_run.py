@@ -72,7 +72,8 @@ class ChunkRun:
     """Every step spends the whole budget, so requests that arrive while the run lasts cannot
     be admitted in any of its steps (see :class:`~phasesched.decode_run.DecodeRun`)."""
     admitted: tuple[str, ...] = ()
-    """Requests the first step admits, by id; their slots end its ``slots``, in this order."""
+    """Requests the first step admits, by id; their slots end its ``slots``, in this order. They
+    are a plan's ``new_requests`` (a decode worker lets go of their prefill worker's copy)."""
 
     @property
     def max_steps(self) -> int:
@@ -100,12 +101,13 @@ def chunk_limit(policy: SchedulingPolicy) -> int | None:
     return None
 
 
-def plan_chunk_steps(  # noqa: PLR0913 -- the batch's state, as plain arrays
+def plan_chunk_steps(  # noqa: PLR0913, PLR0917 -- the batch's state, as plain arrays
     decodes: Int32Array,
     decode_start: Int32Array,
     prefills: Int32Array,
     prefill_start: Int32Array,
     prefill_known: Int32Array,
+    prefill_prompt: Int32Array,
     *,
     tokens_left: int,
     chunk_limit: int,
@@ -114,7 +116,7 @@ def plan_chunk_steps(  # noqa: PLR0913 -- the batch's state, as plain arrays
     max_steps: int,
     spend_budget: bool = False,
 ) -> tuple[list[ChunkStep], list[int]]:
-    """The decode-first steps of a batch until the first that completes a prefill.
+    """The decode-first steps of a batch until the first that completes a prefill (or readies a recompute to decode).
 
     Args:
         decodes: int32 ``[D]``: decoding slots, in admission order.
@@ -122,6 +124,9 @@ def plan_chunk_steps(  # noqa: PLR0913 -- the batch's state, as plain arrays
         prefills: int32 ``[P]``: slots with a prefill under way, in admission order (``P >= 1``).
         prefill_start: int32 ``[P]``: their computed tokens.
         prefill_known: int32 ``[P]``: their known tokens (a prefill samples once it computes them all).
+        prefill_prompt: int32 ``[P]``: their prompts' lengths. A preempted request recomputing
+            past its prompt decodes once one token is left (the builder's test), so it moves up
+            among the decodes: the run ends at the step that leaves it so.
         tokens_left: The token budget left after the decodes (``>= 1``).
         chunk_limit: The longest slice the chunk sizer gives a prefill.
         page_size: Tokens per page.
@@ -138,6 +143,8 @@ def plan_chunk_steps(  # noqa: PLR0913 -- the batch's state, as plain arrays
     growth: list[int] = []
     computed: list[int] = prefill_start.tolist()
     known: list[int] = prefill_known.tolist()
+    # The computed count at which each prefill would decode (a recompute past its prompt), or -1.
+    turns = [k - 1 if k - 1 >= p else -1 for k, p in zip(known, prefill_prompt.tolist(), strict=True)]
     if spend_budget and _chunk_sizes(computed, known, tokens_left, chunk_limit)[1]:
         return steps, growth  # the first step leaves budget over: the policy may admit with it
     prefill_growth = 0
@@ -170,7 +177,7 @@ def plan_chunk_steps(  # noqa: PLR0913 -- the batch's state, as plain arrays
         )
         growth.append(need)
         computed[:chunked] = after
-        if any(samples):
+        if any(samples) or any(a == t for a, t in zip(after, turns, strict=False)):
             break
     return steps, growth
 
@@ -179,6 +186,7 @@ def plan_steps_after(  # noqa: PLR0913 -- the first step, and plan_chunk_steps's
     first: ChunkStep,
     first_growth: int,
     known: Int32Array,
+    prompt_len: Int32Array,
     *,
     num_decodes: int,
     tokens_left: int,
@@ -190,14 +198,14 @@ def plan_steps_after(  # noqa: PLR0913 -- the first step, and plan_chunk_steps's
 ) -> tuple[list[ChunkStep], list[int]]:
     """A step that admits requests, then the decode-first steps after it until the first that completes a prefill.
 
-    A step that admits anyone gave every ongoing prefill its chunk (they come first, and budget
-    was left for the admissions), so its slices after the decodes are every prefill after it,
-    in admission order.
+    The caller makes sure that the admitting step gave every running request its slice, so
+    its slices after the decodes are every prefill after it, in admission order.
 
     Args:
         first: The admitting step: ``num_decodes`` decodes, then every prefill's slice.
         first_growth: KV pages ``first`` adds.
         known: int32 ``[B]``: the known tokens of ``first``'s slices.
+        prompt_len: int32 ``[B]``: their prompts' lengths.
         num_decodes: The decodes leading ``first``.
         tokens_left: The token budget left after the decodes.
         chunk_limit: The longest slice the chunk sizer gives a prefill.
@@ -211,14 +219,16 @@ def plan_steps_after(  # noqa: PLR0913 -- the first step, and plan_chunk_steps's
     """
     steps, growth = [first], [first_growth]
     n = num_decodes
-    if max_steps == 1 or np.count_nonzero(first.samples[n:]):
-        return steps, growth
-    after, after_growth = plan_chunk_steps(
+    after, known, prompt_len = first.kv_len[n:], known[n:], prompt_len[n:]
+    if max_steps == 1 or np.count_nonzero(first.samples[n:] | ((after == known - 1) & (after >= prompt_len))):
+        return steps, growth  # a prefill completed, or a recompute decodes next (see plan_chunk_steps)
+    later, later_growth = plan_chunk_steps(
         first.slots[:n],
         first.kv_len[:n],
         first.slots[n:],
-        first.kv_len[n:],
-        known[n:],
+        after,
+        known,
+        prompt_len,
         tokens_left=tokens_left,
         chunk_limit=chunk_limit,
         page_size=page_size,
@@ -226,7 +236,7 @@ def plan_steps_after(  # noqa: PLR0913 -- the first step, and plan_chunk_steps's
         max_steps=max_steps - 1,
         spend_budget=spend_budget,
     )
-    return steps + after, growth + [first_growth + pages for pages in after_growth]
+    return steps + later, growth + [first_growth + pages for pages in later_growth]
 
 
 def _chunk_sizes(computed: list[int], known: list[int], tokens_left: int, chunk_limit: int) -> tuple[list[int], int]:

@@ -330,14 +330,14 @@ class PagedKVManager:
         return slot
 
     def next_slots(self, count: int) -> Int32Array:
-        """The slots the next ``count`` calls of :meth:`open` return, in order.
+        """The slots the next ``count`` calls of :meth:`open` return, in order; nothing changes.
 
         A plan made ahead of its commit (a simulator's run that admits) names its tables by
-        them. Rows are grown now if too few are free, which changes no table.
+        them: the free slots, latest freed first, then the rows :meth:`open` adds, in order.
         """
-        while len(self._free_slots) < count:
-            self._grow_rows()
-        return np.array(self._free_slots[: -count - 1 : -1], dtype=np.int32)
+        free = self._free_slots[: -count - 1 : -1]
+        rows = len(self._open)
+        return np.array(free + list(range(rows, rows + count - len(free))), dtype=np.int32)
 
     def grow_to(self, slot: int, num_tokens: int) -> None:
         """Make table ``slot`` hold at least ``num_tokens`` tokens' pages.

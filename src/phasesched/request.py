@@ -217,6 +217,12 @@ class Request:
         return self.prompt_token_ids is not None
 
     @property
+    def tokens_matter(self) -> bool:
+        """Whether its sampled tokens matter (token ids, an EOS or stop tokens): a simulator cannot make them up."""
+        stops_at_eos = self.eos_token_id is not None and not self.ignore_eos
+        return self.has_token_ids or bool(self.stop_token_ids) or stops_at_eos
+
+    @property
     def max_total_tokens(self) -> int:
         """Prompt plus the most tokens it may generate — the KV it can ever need."""
         return self.prompt_len + self.max_new_tokens

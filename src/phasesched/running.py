@@ -259,7 +259,7 @@ class RunningArrays:
         self.priority[slot] = request.priority
         self.has_ids[slot] = prompt is not None
         self.has_stop_set[slot] = bool(request.stop_token_ids)
-        self.num_with_tokens += bool(self.has_ids[slot] or self.has_stop_set[slot] or self.eos[slot] >= 0)
+        self.num_with_tokens += request.tokens_matter
         self.running[slot] = True
         self.abort_pending[slot] = False
         self.seqs[slot] = seq

@@ -1474,7 +1474,8 @@ class Scheduler:
         :class:`~phasesched.policies.chunking.LongPrefillThreshold`. Each step then schedules every
         decode (they must leave budget for a chunk), then each ongoing prefill in admission order
         its chunk of the budget left, as the policy would; the run ends at the first step that
-        completes a prefill or finishes a decode, and before a step whose pages would not fit.
+        completes a prefill, finishes a decode or leaves a recompute one token short (that token
+        is decoded among the decodes), and before a step whose pages would not fit.
         Requests may wait if the policy never preempts for them and its queue order does not
         re-rank them: the run then stops before a step that leaves budget over (which the policy
         would offer them), and as every step spends the budget, requests that arrive meanwhile
@@ -1484,8 +1485,10 @@ class Scheduler:
         :class:`~phasesched.policies.preemption.PreemptionPolicy`, never preempting for waiting
         requests) and admits waiting requests without preempting anyone, the run begins with that
         step (``admitted``), then goes on as above, with the admitted prompts as ongoing
-        prefills; it may begin with no prefill under way. Only fresh prompts are admitted so:
-        no transferred KV (which the prefill worker must be told to let go) and no cached prefix.
+        prefills; it may begin with no prefill under way. Only fresh prompts are admitted so
+        (nothing transferred, cached or generated yet, and no tokens that matter). Take
+        ``admitted`` as a plan's ``new_requests``: a decode worker admitting a transferred
+        prompt lets go of the prefill worker's copy then.
 
         Returns:
             The run, capped at ``max_steps``, or ``None`` when it does not apply.
@@ -1538,6 +1541,7 @@ class Scheduler:
             running[~decoding],
             computed[~decoding],
             known[~decoding],
+            arrays.prompt_len[running[~decoding]],
             tokens_left=tokens_left,
             chunk_limit=limit,
             page_size=self._kv.page_size,
@@ -1553,16 +1557,19 @@ class Scheduler:
     def _admitting_run(self, limit: int, max_steps: int) -> ChunkRun | None:
         """A chunk run whose first step is decode-first's admitting step, worked out from the state.
 
-        Only fresh prompts are admitted so: a transferred prompt's admission lets go of its
-        prefill worker's copy (its plan's ``new_requests`` tell the engine), and a claimed cached
-        prefix takes idle cached pages that the run's page count would have to follow.
+        Only fresh prompts are admitted so, whose tokens do not matter (as for the running
+        requests): nothing precomputed (transferred KV) or cached to claim, whose pages the run's
+        page count would have to follow, and nothing generated yet (a recompute past its prompt
+        decodes its last token among the decodes).
         """
         checked = self._known_selection()
         if checked is None or not checked.selection.admitted or any(checked.admitted_cached):
             return None
         selection, running, arrays, kv = checked.selection, self._running, self._arrays, self._kv
         seqs = [self._seqs[request_id] for request_id in selection.admitted]
-        if any(seq.precomputed for seq in seqs) or len(selection.running_slots) < len(running):
+        if len(selection.running_slots) < len(running) or any(
+            seq.precomputed or seq.num_tokens > seq.request.prompt_len or seq.request.tokens_matter for seq in seqs
+        ):
             return None  # (an admission leaves every running request its slice: decodes, then prefills)
         computed, known = arrays.computed[running], arrays.known[running]
         decoding = (known - computed == 1) & (computed >= arrays.prompt_len[running])
@@ -1571,7 +1578,8 @@ class Scheduler:
             max_steps = min(max_steps, int((arrays.max_known[running[decoding]] - known[decoding]).min()))
         tokens = np.asarray(selection.admitted_tokens, dtype=np.int32)
         kv_len = np.concatenate([checked.start + selection.running_tokens, tokens])  # admissions start empty
-        step_known = np.concatenate([checked.known, np.array([seq.num_tokens for seq in seqs], dtype=np.int32)])
+        prompts = np.array([seq.request.prompt_len for seq in seqs], dtype=np.int32)  # their known tokens
+        step_known = np.concatenate([checked.known, prompts])
         first = ChunkStep(
             slots=np.concatenate([selection.running_slots, kv.next_slots(len(seqs))]),
             num_new=np.concatenate([selection.running_tokens, tokens]),
@@ -1584,6 +1592,7 @@ class Scheduler:
             first,
             first_growth,
             step_known,
+            np.concatenate([arrays.prompt_len[selection.running_slots], prompts]),
             num_decodes=num_decodes,
             tokens_left=self.policy.budget.max_num_batched_tokens - num_decodes,
             chunk_limit=limit,

@@ -228,6 +228,14 @@ class TestDisaggregatedKVHold:
         assert held == [prefill.scheduler.kv.pages_for(4000)] * len(held)
         assert prefill.scheduler.kv.num_used_pages == 0  # let go once the decode worker admitted it
 
+    def test_a_run_that_admits_on_a_decode_worker_lets_go(self) -> None:
+        """A one-token prompt arrives with nothing computed; the run admitting it lets go of its prefill copy."""
+        workload = Workload("w", arrival_s=[0.0, 0.0], prompt_len=[1, 300], output_len=[20, 20])
+        simulator = Simulator(workload, load_policy("vllm"), disaggregation=Disaggregation(1, 1))
+        simulator.run()
+        assert simulator.workers[0].scheduler.held_request_ids == ()
+        assert all(w.scheduler.kv.num_used_pages == 0 for w in simulator.workers)
+
     def queue_of_second(self, bandwidth_gbs: float) -> tuple[float, float]:
         """Two 1500-token prompts at once on a prefill worker with room for one: (its queue, the first's transfer)."""
         deployment = Deployment(num_pages=150)  # 94 pages each: one at a time

@@ -386,6 +386,9 @@ class Simulator:
                 continue  # its plan would be empty (a prefill worker whose last request went to transfer)
             run = None if worker.busy or not self.fast_forward else self._fast_run(worker)
             if run is not None:
+                if worker.role is Role.DECODE and isinstance(run, ChunkRun):
+                    for request_id in run.admitted:  # as for a step's new_requests (_start_step)
+                        self._let_go(request_id, now)
                 runs.append((worker, run))
             elif not worker.busy:
                 self._start_step(worker, now)
