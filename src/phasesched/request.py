@@ -218,7 +218,7 @@ class Request:
 
     @property
     def tokens_matter(self) -> bool:
-        """Whether its sampled tokens matter (token ids, an EOS or stop tokens): a simulator cannot make them up."""
+        """Whether its sampled tokens matter (token ids, an EOS or stop tokens), so a simulator cannot make them up."""
         stops_at_eos = self.eos_token_id is not None and not self.ignore_eos
         return self.has_token_ids or bool(self.stop_token_ids) or stops_at_eos
 
