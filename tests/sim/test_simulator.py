@@ -616,6 +616,33 @@ def test_fast_forward_through_prefill_chunks_gives_every_token_time_of_stepping(
         assert fast.metrics[key] == slow.metrics[key], key
 
 
+def test_prefill_steps_ending_together_send_their_kv_in_the_same_order_when_fast_forwarded() -> None:
+    """Two prefill workers' steps end at one instant: their transfers start in worker order in both modes.
+
+    A cut run's end is pushed again when it is cut, so push order put the other worker first;
+    routing then sent r6 to another decode worker (28 steps against 27, e2el 26.2 ms against 21.8).
+    """
+    requests = [(0.0, 1, 1), (0.0, 2, 1), (0.0001, 2, 1), (0.0001, 190, 1), (0.0001, 133, 1), (0.0001, 1, 8)]
+    requests += [(0.0135, 1, 3), (0.0135, 1, 4)]
+    workload = Workload(
+        "tie",
+        arrival_s=[r[0] for r in requests],
+        prompt_len=[r[1] for r in requests],
+        output_len=[r[2] for r in requests],
+    )
+    policy = load_policy("sarathi", PolicyOptions(chunk_size=32, max_num_batched_tokens=96, max_num_seqs=3))
+    fast, slow = assert_times_of_stepping(
+        {
+            "workload": workload,
+            "policy": policy,
+            "deployment": Deployment(page_size=4),
+            "disaggregation": Disaggregation(2, 2),
+        }
+    )
+    assert fast.fast_forwarded_steps > 0
+    assert [w.steps for w in fast.workers] == [w.steps for w in slow.workers]
+
+
 def test_decode_workers_take_long_runs_beside_each_other() -> None:
     """A decode worker's runs are cut only by KV delivered to it, not by the other's step ends or any transfer."""
     result = simulate(

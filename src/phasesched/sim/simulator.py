@@ -1,10 +1,11 @@
 """The discrete-event simulator: workloads through real schedulers, with cost-model time.
 
 Each worker owns a :class:`~phasesched.Scheduler` (the same code an engine runs) and a cost
-model. Events are kept in a heap keyed by ``(time, sequence)``: arrivals, step ends, transfers
-finishing on the KV link and KV landing on a decode worker. All events at one instant are
-handled before any idle worker starts its next step, so a request arriving exactly at a step
-boundary joins that step, whichever event was queued first. A worker with no request running or
+model. Events are kept in a heap: arrivals, step ends, transfers finishing on the KV link and
+KV landing on a decode worker. All events at one instant are handled before any idle worker
+starts its next step, so a request arriving exactly at a step boundary joins that step. Within
+an instant they come in a fixed order (arrivals, step ends by worker, the link, deliveries),
+not in the order they were queued, so fast-forward and stepping agree on it. A worker with no request running or
 waiting is not asked for a step at all: its plan would be empty, and take no time.
 
 Aggregated runs have ``replicas`` workers that prefill and decode. Disaggregated runs have a
@@ -294,7 +295,11 @@ class Simulator:
             if disaggregation is None
             else KVLink(disaggregation.link_bandwidth_gbs * 1e9, disaggregation.link_latency_s)
         )
-        self._heap: list[tuple[float, int, _Event, Any]] = []
+        self._heap: list[tuple[float, _Event, int, int, Any]] = []
+        """Events as (time, kind, worker index for a step end, sequence, payload): at one instant
+        arrivals come first, then step ends by worker, then the link, then deliveries, whenever
+        each was pushed. Fast-forward pushes a run's end when it starts and again when it is cut,
+        so push order would differ from stepping's where two workers' steps end together."""
         self._sequence = itertools.count()
         self._link_version = 0
         self._awaiting_decode: dict[str, Request] = {}
@@ -339,7 +344,7 @@ class Simulator:
             check_clock(now)
             touched: dict[int, _Worker] = {}
             while self._heap and self._heap[0][0] == now:
-                _, sequence, kind, payload = heapq.heappop(self._heap)
+                _, kind, _, sequence, payload = heapq.heappop(self._heap)
                 if sequence in self._cancelled:
                     self._cancelled.remove(sequence)
                     continue
@@ -722,7 +727,8 @@ class Simulator:
     def _push(self, when: float, kind: _Event, payload: Any) -> int:
         """Queue an event; returns its sequence number."""
         sequence = next(self._sequence)
-        heapq.heappush(self._heap, (when, sequence, kind, payload))
+        worker_index = payload.index if kind is _Event.STEP_END else 0
+        heapq.heappush(self._heap, (when, kind, worker_index, sequence, payload))
         return sequence
 
     def _horizon(self, worker: _Worker, *, ignore_arrivals: bool = False) -> float:
@@ -733,7 +739,7 @@ class Simulator:
         """
         times = [
             when
-            for when, _, kind, payload in self._heap
+            for when, kind, _, _, payload in self._heap
             if not (ignore_arrivals and kind is _Event.ARRIVAL) and self._affects(worker, kind, payload)
         ]
         return min(times, default=float("inf"))
