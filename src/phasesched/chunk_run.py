@@ -24,6 +24,7 @@ from numpy.typing import NDArray
 
 from phasesched.policies.chunking import FixedChunk, LongPrefillThreshold
 from phasesched.policies.priority import DecodeFirst
+from phasesched.request import decodes_next
 
 if TYPE_CHECKING:
     from phasesched.policies.policy import SchedulingPolicy
@@ -143,7 +144,8 @@ def plan_chunk_steps(  # noqa: PLR0913, PLR0917 -- the batch's state, as plain a
     growth: list[int] = []
     computed: list[int] = prefill_start.tolist()
     known: list[int] = prefill_known.tolist()
-    # The computed count at which each prefill would decode (a recompute past its prompt), or -1.
+    # The computed count at which each prefill would decode (a recompute past its prompt), or -1:
+    # request.decodes_next's test, per prefill.
     turns = [k - 1 if k - 1 >= p else -1 for k, p in zip(known, prefill_prompt.tolist(), strict=True)]
     if spend_budget and _chunk_sizes(computed, known, tokens_left, chunk_limit)[1]:
         return steps, growth  # the first step leaves budget over: the policy may admit with it
@@ -220,7 +222,7 @@ def plan_steps_after(  # noqa: PLR0913 -- the first step, and plan_chunk_steps's
     steps, growth = [first], [first_growth]
     n = num_decodes
     after, known, prompt_len = first.kv_len[n:], known[n:], prompt_len[n:]
-    if max_steps == 1 or np.count_nonzero(first.samples[n:] | ((after == known - 1) & (after >= prompt_len))):
+    if max_steps == 1 or np.count_nonzero(first.samples[n:] | decodes_next(after, known, prompt_len)):
         return steps, growth  # a prefill completed, or a recompute decodes next (see plan_chunk_steps)
     later, later_growth = plan_chunk_steps(
         first.slots[:n],

@@ -80,6 +80,18 @@ def phase_of(start: int, num_new: int, prompt_len: int) -> Phase:
     return Phase.DECODE if num_new == 1 and start >= prompt_len else Phase.PREFILL
 
 
+def decodes_next(
+    computed: NDArray[np.int32], known: NDArray[np.int32], prompt_len: NDArray[np.int32]
+) -> NDArray[np.bool_]:
+    """Which requests' next slices are decodes: :func:`phase_of` of all they have left, in bulk.
+
+    Every fast path that plans steps itself asks this, the batch builder's own test: a run
+    whose idea of a decode drifted from it once kept a one-token recompute in prefill order.
+    """
+    decode: NDArray[np.bool_] = (known - computed == 1) & (computed >= prompt_len)
+    return decode
+
+
 _request_int = whole(error=InvalidRequestError, gt=0, le=INT32_MAX)
 _non_negative = number(error=InvalidRequestError, ge=0.0)
 

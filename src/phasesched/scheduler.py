@@ -51,7 +51,7 @@ from phasesched.policies.preemption import PreemptionPolicy
 from phasesched.policies.priority import EVERY_DECODE_PRIORITIES, DecodeFirst, EqualProgress, PrefillFirst
 from phasesched.policies.queue_order import FCFS, CacheAwareOrder, rerank
 from phasesched.prefix import ROOT_HASH, block_page_hashes, extend_page_hashes
-from phasesched.request import FinishReason, Request, RequestStatus
+from phasesched.request import FinishReason, Request, RequestStatus, decodes_next
 from phasesched.running import RunningArrays
 from phasesched.selection import CheckedSelection, Selection, check_selection
 from phasesched.sequence import SequenceState
@@ -460,7 +460,8 @@ class Scheduler:
             and not self.policy.preemption.preempt_for_waiting
         )
         self._core: _SteadyBatch | None = None  # the decodes of the mixed plans, while they decode (_mixed_plan)
-        self._known: tuple[int, CheckedSelection | None] = (-1, None)  # _known_selection()'s at a version
+        self._known: tuple[int, CheckedSelection | None, Int32Array] = (-1, None, _NO_SLOTS)
+        """_known_selection()'s selection at a version, with the decodes it found."""
         # Waiting requests leave a steady step as it is once the sequence cap is reached, if the
         # policy never preempts for them and its chunk sizer is a built-in one: the priority then
         # asks the chunk sizer about one (a plugin's answer could raise) and finds no seat.
@@ -763,7 +764,7 @@ class Scheduler:
         if len(core.running) < len(running):  # the others must all be prefills, as they were
             others = running[~is_decode]
             computed = arrays.computed[others]
-            if np.count_nonzero((arrays.known[others] - computed == 1) & (computed >= arrays.prompt_len[others])):
+            if np.count_nonzero(decodes_next(computed, arrays.known[others], arrays.prompt_len[others])):
                 core = self._rebuilt_core()  # a prefill completed: it decodes now
                 if core is None:
                     return None
@@ -852,7 +853,7 @@ class Scheduler:
         if not len(running):
             return None
         start, known = arrays.computed[running], arrays.known[running]
-        is_decode = (known - start == 1) & (start >= arrays.prompt_len[running])
+        is_decode = decodes_next(start, known, arrays.prompt_len[running])
         if not np.count_nonzero(is_decode):
             return None
         decodes = _frozen(running[is_decode])
@@ -1019,12 +1020,12 @@ class Scheduler:
         """
         if self._reorder is not None:
             return None
-        version, known_selection = self._known
+        version, known_selection, _ = self._known
         if version == self._version:  # chunk_run() worked it out for an admitting run, and took none
             return known_selection
         running, arrays, kv = self._running, self._arrays, self._kv
         computed, known = arrays.computed[running], arrays.known[running]
-        is_decode = (known - computed == 1) & (computed >= arrays.prompt_len[running])  # BatchBuilder's test
+        is_decode = decodes_next(computed, known, arrays.prompt_len[running])
         decodes = running[is_decode]
         prefills = self._prefills(running[~is_decode]) if len(decodes) < len(running) else []
         growth = int(kv.pages_to_grow(decodes, computed[is_decode] + 1).sum()) if len(decodes) else 0
@@ -1046,7 +1047,7 @@ class Scheduler:
             checked = check_selection(
                 selection, arrays=arrays, running=running, waiting=self._waiting, kv=kv, budget=budget, trusted=True
             )
-        self._known = (self._version, checked)
+        self._known = (self._version, checked, decodes)
         return checked
 
     def _ask_policy(self, now: float) -> CheckedSelection:
@@ -1526,7 +1527,7 @@ class Scheduler:
         if not len(running) or not np.count_nonzero(arrays.running[self._prefilling]):
             return None
         computed, known = arrays.computed[running], arrays.known[running]
-        decoding = (known - computed == 1) & (computed >= arrays.prompt_len[running])  # BatchBuilder's test
+        decoding = decodes_next(computed, known, arrays.prompt_len[running])
         if np.count_nonzero(decoding) == len(running):
             return None
         decodes = running[decoding]
@@ -1571,11 +1572,10 @@ class Scheduler:
             seq.precomputed or seq.num_tokens > seq.request.prompt_len or seq.request.tokens_matter for seq in seqs
         ):
             return None  # (an admission leaves every running request its slice: decodes, then prefills)
-        computed, known = arrays.computed[running], arrays.known[running]
-        decoding = (known - computed == 1) & (computed >= arrays.prompt_len[running])
-        num_decodes = int(np.count_nonzero(decoding))
+        decodes = self._known[2]  # found with the selection
+        num_decodes = len(decodes)
         if num_decodes:  # up to the first decode's finish
-            max_steps = min(max_steps, int((arrays.max_known[running[decoding]] - known[decoding]).min()))
+            max_steps = min(max_steps, int((arrays.max_known[decodes] - arrays.known[decodes]).min()))
         tokens = np.asarray(selection.admitted_tokens, dtype=np.int32)
         kv_len = np.concatenate([checked.start + selection.running_tokens, tokens])  # admissions start empty
         prompts = np.array([seq.request.prompt_len for seq in seqs], dtype=np.int32)  # their known tokens

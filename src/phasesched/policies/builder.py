@@ -18,6 +18,7 @@ from numpy.typing import NDArray
 
 from phasesched.errors import InvalidPlanError
 from phasesched.policies.chunking import ChunkContext, FixedChunk, LongPrefillThreshold, NoChunking, PrefillCandidate
+from phasesched.request import decodes_next
 from phasesched.selection import Selection
 from phasesched.view import SchedulerView
 from phasesched.waiting import WaitingCandidate
@@ -113,7 +114,7 @@ class BatchBuilder:
         if is_decode is None:
             computed = view.num_computed[running]
             # A decode feeds one generated token (phase_of's rule); a prompt's last token is prefill.
-            is_decode = (view.num_tokens[running] - computed == 1) & (computed >= view.prompt_len[running])
+            is_decode = decodes_next(computed, view.num_tokens[running], view.prompt_len[running])
         self._is_decode = is_decode  # in running order
         # Unfinished prefills after this step, by slot (running) or id (admitted): tokens left ...
         self._partial: dict[int | str, int] = {}
