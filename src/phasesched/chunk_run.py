@@ -10,8 +10,9 @@ before its next event (:meth:`phasesched.scheduler.Scheduler.advance_chunks`). T
 exactly what stepping one by one gives; a property test holds the two against each other.
 
 A run may also begin with the step that admits a waiting request, when decode-first's step is
-worked out from the state (:mod:`phasesched.known_selection`) and admits fresh prompts without
-preempting anyone: an arrival into a steady batch then costs no step of its own.
+worked out from the state (:mod:`phasesched.known_selection`) and admits requests that start
+from nothing (no transferred KV, no cached prefix) without preempting anyone: an arrival into
+a steady batch then costs no step of its own.
 """
 
 from __future__ import annotations

@@ -1486,8 +1486,8 @@ class Scheduler:
         :class:`~phasesched.policies.preemption.PreemptionPolicy`, never preempting for waiting
         requests) and admits waiting requests without preempting anyone, the run begins with that
         step (``admitted``), then goes on as above, with the admitted prompts as ongoing
-        prefills; it may begin with no prefill under way. Only fresh prompts are admitted so
-        (nothing transferred, cached or generated yet, and no tokens that matter). Take
+        prefills; it may begin with no prefill under way. Only requests that start from nothing
+        are admitted so (nothing transferred or cached, and no tokens that matter). Take
         ``admitted`` as a plan's ``new_requests``: a decode worker admitting a transferred
         prompt lets go of the prefill worker's copy then.
 
@@ -1558,10 +1558,11 @@ class Scheduler:
     def _admitting_run(self, limit: int, max_steps: int) -> ChunkRun | None:
         """A chunk run whose first step is decode-first's admitting step, worked out from the state.
 
-        Only fresh prompts are admitted so, whose tokens do not matter (as for the running
-        requests): nothing precomputed (transferred KV) or cached to claim, whose pages the run's
-        page count would have to follow, and nothing generated yet (a recompute past its prompt
-        decodes its last token among the decodes).
+        Only requests that start from nothing are admitted so, whose tokens do not matter (as
+        for the running requests): nothing precomputed (transferred KV) or cached to claim, whose
+        pages the run's page count would have to follow. A preempted request recomputing its
+        generated tokens is admitted like a prompt of all its known tokens; the run ends at the
+        step that leaves it one token short (it decodes that token among the decodes).
         """
         checked = self._known_selection()
         if checked is None or not checked.selection.admitted or any(checked.admitted_cached):
@@ -1569,7 +1570,7 @@ class Scheduler:
         selection, running, arrays, kv = checked.selection, self._running, self._arrays, self._kv
         seqs = [self._seqs[request_id] for request_id in selection.admitted]
         if len(selection.running_slots) < len(running) or any(
-            seq.precomputed or seq.num_tokens > seq.request.prompt_len or seq.request.tokens_matter for seq in seqs
+            seq.precomputed or seq.request.tokens_matter for seq in seqs
         ):
             return None  # (an admission leaves every running request its slice: decodes, then prefills)
         decodes = self._known[2]  # found with the selection
@@ -1578,8 +1579,9 @@ class Scheduler:
             max_steps = min(max_steps, int((arrays.max_known[decodes] - arrays.known[decodes]).min()))
         tokens = np.asarray(selection.admitted_tokens, dtype=np.int32)
         kv_len = np.concatenate([checked.start + selection.running_tokens, tokens])  # admissions start empty
-        prompts = np.array([seq.request.prompt_len for seq in seqs], dtype=np.int32)  # their known tokens
-        step_known = np.concatenate([checked.known, prompts])
+        admitted_known = np.array([seq.num_tokens for seq in seqs], dtype=np.int32)  # a recompute's include its outputs
+        step_known = np.concatenate([checked.known, admitted_known])
+        admitted_prompt = np.array([seq.request.prompt_len for seq in seqs], dtype=np.int32)
         first = ChunkStep(
             slots=np.concatenate([selection.running_slots, kv.next_slots(len(seqs))]),
             num_new=np.concatenate([selection.running_tokens, tokens]),
@@ -1592,7 +1594,7 @@ class Scheduler:
             first,
             first_growth,
             step_known,
-            np.concatenate([arrays.prompt_len[selection.running_slots], prompts]),
+            np.concatenate([arrays.prompt_len[selection.running_slots], admitted_prompt]),
             num_decodes=num_decodes,
             tokens_left=self.policy.budget.max_num_batched_tokens - num_decodes,
             chunk_limit=limit,
