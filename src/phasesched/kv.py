@@ -802,7 +802,7 @@ class PagedKVManager:
             assert not np.intersect1d(idle, free).size, "a page is both idle and free"
             assert not any(self._cache.is_hashed(int(p)) for p in free), "a free page keeps a hash"
             assert self._num_free + len(idle) + np.count_nonzero(self._refcount) == self.num_pages, "pages lost"
-        open_slots = np.flatnonzero(self._open).astype(np.int32)
+        open_slots = self._open.nonzero()[0].astype(np.int32)
         _, pages = self.gather(open_slots, self._count[open_slots])
         expected = np.bincount(pages, minlength=self.num_pages)
         assert np.array_equal(expected, self._refcount), "reference counts disagree with tables"

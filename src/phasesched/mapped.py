@@ -54,7 +54,7 @@ def copy_prefixes(source: Int32Array, target: Int32Array, lengths: NDArray[np.in
     at = (len(lengths) - 1) * 9 // 10
     block = int(np.partition(lengths, at)[at])
     target[: len(lengths), :block] = source[: len(lengths), :block]
-    for row in np.flatnonzero(lengths > block).tolist():
+    for row in (lengths > block).nonzero()[0].tolist():
         target[row, block : lengths[row]] = source[row, block : lengths[row]]
 
 

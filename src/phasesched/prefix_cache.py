@@ -122,7 +122,7 @@ class _IdleQueue:
         while True:  # usually once: dead entries (claimed pages) near the head are few
             stop = min(head + window, self._tail)
             pages, stamps = self._pages[head:stop], self._stamps[head:stop]
-            live = np.flatnonzero(self.stamp_of[pages] == stamps)
+            live = (self.stamp_of[pages] == stamps).nonzero()[0]
             if len(live) >= count:
                 break
             assert stop < self._tail, "an idle page has no entry in the LRU"
@@ -300,7 +300,7 @@ class PrefixCache:
             self._set_parents(index, parents)
             self._counts[3] += len(listed)
             return tuple(listed)
-        fresh = np.flatnonzero(np.fromiter(map(int.__eq__, kept, listed), dtype=bool, count=len(listed)))
+        fresh = np.fromiter(map(int.__eq__, kept, listed), dtype=bool, count=len(listed)).nonzero()[0]
         self._name(index[fresh], (np.asarray(hashes, dtype=np.int64) if hash_array is None else hash_array)[fresh])
         self._set_parents(index[fresh], None if parents is None else np.asarray(parents, dtype=np.int64)[fresh])
         self._counts[3] += len(fresh)

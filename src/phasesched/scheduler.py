@@ -162,7 +162,7 @@ class _SteadyBatch:
         has_ids = arrays.has_ids[running]
         self.all_ids = bool(has_ids.all())
         self.some_ids = bool(has_ids.any())
-        self.id_index = np.flatnonzero(has_ids)
+        self.id_index = has_ids.nonzero()[0]
         self.next_start = _frozen(start.copy())
         self.max_start = int(start.max())
         # Every slice advances one token a step, so which of them start a fresh page in a step
@@ -1262,7 +1262,7 @@ class Scheduler:
                 if not sampled and (known[slot] - computed != 1 or computed < prompt_len[slot])
             ]
             return np.array(few, dtype=np.int32) if few else _NO_SLOTS
-        partial = np.flatnonzero(~samples)
+        partial = (~samples).nonzero()[0]
         if not len(partial):
             return _NO_SLOTS
         slots, computed = slots[partial], kv_len[partial]
@@ -1432,9 +1432,9 @@ class Scheduler:
         if int(growth.sum()) > kv.num_free_pages - kv.num_cached_pages:
             return None  # stepping would reuse a finished request's pages, or evict cached ones, in its order
         self._decode_tokens(slots, steps, growth, journal)
-        ending = np.flatnonzero(run.finish_at <= num_steps)
-        in_order = ending[np.argsort(run.finish_at[ending], kind="stable")]  # as stepping finishes them
-        latest_first = ending[np.argsort(-run.finish_at[ending], kind="stable")]  # as their pages must be freed
+        ending = (run.finish_at <= num_steps).nonzero()[0]
+        in_order = ending[run.finish_at[ending].argsort(kind="stable")]  # as stepping finishes them
+        latest_first = ending[(-run.finish_at[ending]).argsort(kind="stable")]  # as their pages must be freed
         records = self._finish(slots[latest_first], [FinishReason.LENGTH] * len(ending), journal)
         by_index = dict(zip(latest_first.tolist(), records, strict=True))
         finished = tuple(by_index[i] for i in in_order.tolist())
@@ -2142,7 +2142,7 @@ class Scheduler:
         """Name the pages that filled in this step by their content hashes, for later requests to claim."""
         kv = self._kv
         due = kv.pages_to_hash(slots, computed)
-        index = np.flatnonzero(due)
+        index = due.nonzero()[0]
         if not len(index):
             return
         if len(index) < len(slots):
@@ -2157,7 +2157,7 @@ class Scheduler:
             registrations = kv.register_next(slots, [hashes[-1] for hashes in lists], parents)
         else:
             if last_only.any():
-                one = np.flatnonzero(last_only)
+                one = last_only.nonzero()[0]
                 self._hash_last_pages(slots[one], full[one], [lists[i] for i in one.tolist()], journal)
             self._hash_filled_pages(slots, full, lists, journal)
             registrations = kv.register_many(slots, lists, due)
@@ -2234,7 +2234,7 @@ class Scheduler:
     def _hash_filled_pages(self, slots: Int32Array, full: Int32Array, lists: list[list[int]], journal: Journal) -> None:
         """Extend the page hashes of slots whose filled pages hold several generated ones not yet hashed."""
         known = np.fromiter(map(len, lists), dtype=np.int32, count=len(lists))
-        behind = np.flatnonzero(self._arrays.has_ids[slots] & (known < full - 1)).tolist()
+        behind = (self._arrays.has_ids[slots] & (known < full - 1)).nonzero()[0].tolist()
         if not behind:
             return
         size, tokens = self._kv.page_size, self._arrays.tokens
@@ -2286,7 +2286,7 @@ class Scheduler:
         if len(slots) == total and np.array_equal(start, known - 1):
             last: Int32Array = arrays.last_token[slots]  # all decodes: each feeds its last token
             return last
-        longer = np.flatnonzero(num_new > 1)
+        longer = (num_new > 1).nonzero()[0]
         if len(longer) > 16:  # many multi-token slices: one gather of every position
             return arrays.tokens.gather(np.repeat(slots, num_new), token_positions(start, num_new))
         # Few chunks (the usual mixed step): single tokens in one gather, each chunk one row slice.
@@ -2319,7 +2319,7 @@ class Scheduler:
             by_stop = np.zeros(len(slots), dtype=bool)
             by_stop[sampled] = s_tokens == arrays.eos[s_slots]
             self._append_token_ids(s_slots, s_tokens, known)
-            stop_sets = np.flatnonzero(sampled & arrays.has_stop_set[slots])
+            stop_sets = (sampled & arrays.has_stop_set[slots]).nonzero()[0]
             for i in stop_sets.tolist():
                 by_stop[i] |= int(token_ids[i]) in arrays.stop_sets[int(slots[i])]
             done |= by_stop

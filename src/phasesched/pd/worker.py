@@ -512,7 +512,7 @@ class DecodeWorker(_Worker):
 
     def after_update(self, plan: StepPlan, finished: tuple[FinishedRequest, ...], now: float) -> None:
         """Note first tokens; report finished requests to the router (failed pulls were reported already)."""
-        for i in np.flatnonzero(plan.samples).tolist():
+        for i in plan.samples.nonzero()[0].tolist():
             self._first_token.setdefault(plan.request_ids[i], now)
         for record in finished:
             wid = record.request_id

@@ -356,7 +356,7 @@ class BatchBuilder:
         self.pages_left -= total_pages
         partial = [key for key in self._partial if isinstance(key, int)]  # few: ongoing prefills, by slot
         for slot in partial:
-            hit = np.flatnonzero(slots == slot)
+            hit = (slots == slot).nonzero()[0]
             if len(hit):
                 self._reserve[slot] -= int(pages[hit[0]])
                 if int(num_new[hit[0]]) >= self._partial[slot]:
@@ -378,7 +378,7 @@ class BatchBuilder:
 
     def _unschedule(self, slot: int) -> None:
         for i, (slots, tokens) in enumerate(zip(self._slots, self._tokens, strict=True)):
-            hit = np.flatnonzero(slots == slot)
+            hit = (slots == slot).nonzero()[0]
             if len(hit):
                 num_new = tokens[hit[:1]]
                 self.tokens_left += int(num_new[0])

@@ -79,7 +79,7 @@ Progress = Callable[[int, int], None]
 
 def _run_length(ends: np.ndarray, horizon: float) -> int:
     """How many steps of a run start before ``horizon`` (at least one: the run has begun)."""
-    return min(1 + int(np.searchsorted(ends[:-1], horizon, side="left")), len(ends))
+    return min(1 + int(ends[:-1].searchsorted(horizon, side="left")), len(ends))
 
 
 class _Event(enum.IntEnum):
