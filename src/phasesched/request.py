@@ -85,8 +85,9 @@ def decodes_next(
 ) -> NDArray[np.bool_]:
     """Which requests' next slices are decodes: :func:`phase_of` of all they have left, in bulk.
 
-    Every fast path that plans steps itself asks this, the batch builder's own test: a run
-    whose idea of a decode drifted from it once kept a one-token recompute in prefill order.
+    The batch builder and every fast path that plans or applies steps itself ask this: a run
+    whose idea of a decode drifted from the builder's once kept a one-token recompute in
+    prefill order.
     """
     decode: NDArray[np.bool_] = (known - computed == 1) & (computed >= prompt_len)
     return decode

@@ -1259,15 +1259,15 @@ class Scheduler:
             few = [
                 slot
                 for slot, computed, sampled in zip(slots.tolist(), kv_len.tolist(), samples.tolist(), strict=True)
-                if not sampled and (known[slot] - computed != 1 or computed < prompt_len[slot])
+                if not sampled and (known[slot] - computed != 1 or computed < prompt_len[slot])  # not decodes_next
             ]
             return np.array(few, dtype=np.int32) if few else _NO_SLOTS
         partial = (~samples).nonzero()[0]
         if not len(partial):
             return _NO_SLOTS
         slots, computed = slots[partial], kv_len[partial]
-        # _steady_step's test: more than one token left to feed, or the prompt not yet computed.
-        under_way = (arrays.known[slots] - computed != 1) | (computed < arrays.prompt_len[slots])
+        # More than one token left to feed, or the prompt not yet computed.
+        under_way = ~decodes_next(computed, arrays.known[slots], arrays.prompt_len[slots])
         left: Int32Array = slots[under_way]
         return left
 
@@ -1702,7 +1702,7 @@ class Scheduler:
             self._extend(touched, kv.pages_to_grow(touched, arrays.computed[touched]), journal)
         # As update() leaves it: the slots whose prefill is still under way (a shortcut for _steady_step).
         computed = arrays.computed[touched]
-        under_way = (arrays.known[touched] - computed != 1) | (computed < arrays.prompt_len[touched])
+        under_way = ~decodes_next(computed, arrays.known[touched], arrays.prompt_len[touched])
         self._prefilling = touched[under_way].astype(np.int32)
         done = last.slots[last.samples & (arrays.known[last.slots] >= arrays.max_known[last.slots])]
         if not len(done):
@@ -1762,7 +1762,7 @@ class Scheduler:
         ):
             return None
         start, known = arrays.computed[running], arrays.known[running]
-        if np.count_nonzero(known - start - 1) or np.count_nonzero(start < arrays.prompt_len[running]):
+        if not decodes_next(start, known, arrays.prompt_len[running]).all():
             return None  # a prefill is under way, if only a prompt's last token
         new_pages = self._kv.pages_to_grow(running, start + 1)
         growth = int(new_pages.sum())

@@ -4,9 +4,11 @@ Each worker owns a :class:`~phasesched.Scheduler` (the same code an engine runs)
 model. Events are kept in a heap: arrivals, step ends, transfers finishing on the KV link and
 KV landing on a decode worker. All events at one instant are handled before any idle worker
 starts its next step, so a request arriving exactly at a step boundary joins that step. Within
-an instant they come in a fixed order (arrivals, step ends by worker, the link, deliveries),
-not in the order they were queued, so fast-forward and stepping agree on it. A worker with no request running or
-waiting is not asked for a step at all: its plan would be empty, and take no time.
+an instant, arrivals come first, then step ends in worker order, then the link, then deliveries
+(each kind but step ends in the order queued): a fast-forwarded run's end is queued again when
+the run is cut, so queue order alone would let fast-forward and stepping differ. A worker with
+no request running or waiting is not asked for a step at all: its plan would be empty, and take
+no time.
 
 Aggregated runs have ``replicas`` workers that prefill and decode. Disaggregated runs have a
 prefill pool and a decode pool: a prefill worker computes the prompt (its sampled token is not
