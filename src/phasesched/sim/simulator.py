@@ -298,10 +298,8 @@ class Simulator:
             else KVLink(disaggregation.link_bandwidth_gbs * 1e9, disaggregation.link_latency_s)
         )
         self._heap: list[tuple[float, _Event, int, int, Any]] = []
-        """Events as (time, kind, worker index for a step end, sequence, payload): at one instant
-        arrivals come first, then step ends by worker, then the link, then deliveries, whenever
-        each was pushed. Fast-forward pushes a run's end when it starts and again when it is cut,
-        so push order would differ from stepping's where two workers' steps end together."""
+        """Events as (time, kind, worker index for a step end, sequence, payload), in the order at
+        one instant that the module docstring gives."""
         self._sequence = itertools.count()
         self._link_version = 0
         self._awaiting_decode: dict[str, Request] = {}
