@@ -110,7 +110,10 @@ class _SteadyBatch:
     While the running set is unchanged and every request decodes, each step schedules the same
     slices: request ids, slots, one token each, prompt lengths, and (until a page boundary is
     crossed) the same KV pages. Those arrays are built once, frozen and shared by the plans;
-    a step computes only what moves (context lengths, last-page lengths, input ids).
+    a step computes only what moves (context lengths, last-page lengths, input ids), and less
+    where the last step left it: last-page lengths repeat every ``page_size`` steps, and the steady
+    update has already worked out the next step's context lengths (the known tokens it wrote) and
+    input ids (the tokens it sampled), kept in ``fed_*`` while ``next_start`` is ``fed_start``.
     """
 
     __slots__ = (
@@ -121,11 +124,15 @@ class _SteadyBatch:
         "any_eos",
         "any_stop",
         "eos",
+        "fed_ids",
+        "fed_kv_len",
+        "fed_start",
         "groups",
         "growth",
         "id_index",
         "kv_indices",
         "kv_indptr",
+        "last_page_lens",
         "max_start",
         "member",
         "next_start",
@@ -181,6 +188,12 @@ class _SteadyBatch:
         self.to_length = int((arrays.max_known[running] - known).min())
         self.kv_indptr: Int32Array | None = None
         self.kv_indices: Int32Array | None = None
+        # In step t every slice is ``t`` tokens past its start, so its last-page length is the one it
+        # had ``page_size`` steps before: step t's array is kept at ``t % page_size``.
+        self.last_page_lens: list[Int32Array | None] = [None] * size
+        self.fed_start: Int32Array | None = None
+        self.fed_kv_len: Int32Array = _NO_SLOTS
+        self.fed_ids: Int32Array = _NO_SLOTS
         self.plan: StepPlan | None = None
         self.version = -1
         # As the decode core of mixed steps (see Scheduler._mixed_plan): which slots it holds, and
@@ -188,6 +201,19 @@ class _SteadyBatch:
         self.member: NDArray[np.bool_] = np.zeros(len(arrays.running), dtype=bool)
         self.member[running] = True
         self.ready = True
+
+    def moving_arrays(self, last_token: Int32Array) -> tuple[Int32Array, Int32Array, Int32Array | None]:
+        """The next step's context lengths, last-page lengths and input ids (``None`` unless all are known)."""
+        start, size = self.next_start, len(self.last_page_lens)
+        turn = self.step % size
+        last_page_len = self.last_page_lens[turn]
+        if last_page_len is None:
+            last_page_len = start % size
+            last_page_len += 1
+            self.last_page_lens[turn] = _frozen(last_page_len)
+        if self.fed_start is start:  # the steady update that set ``start`` worked these out
+            return self.fed_kv_len, last_page_len, self.fed_ids if self.all_ids else None
+        return _frozen(start + 1), last_page_len, _frozen(last_token[self.running]) if self.all_ids else None
 
     def members(self, slots: Int32Array) -> NDArray[np.bool_]:
         """Which of ``slots`` the batch holds."""
@@ -704,12 +730,8 @@ class Scheduler:
             else:  # a group's turn: one page each
                 self._extend(grown, None, journal)
             steady.grow_tables(kv, starting, _NO_SLOTS)
+        kv_len, last_page_len, input_ids = steady.moving_arrays(self._arrays.last_token)
         steady.step += 1
-        kv_len = start + 1
-        last_page_len = start % size
-        last_page_len += 1
-        arrays = self._arrays
-        input_ids = _frozen(arrays.last_token[running]) if steady.all_ids else None
         assert steady.kv_indptr is not None
         assert steady.kv_indices is not None
         plan = StepPlan(
@@ -723,8 +745,8 @@ class Scheduler:
             qo_indptr=steady.qo_indptr,
             kv_indptr=steady.kv_indptr,
             kv_indices=steady.kv_indices,
-            kv_last_page_len=_frozen(last_page_len),
-            kv_len=_frozen(kv_len),
+            kv_last_page_len=last_page_len,
+            kv_len=kv_len,
             positions=start,
             input_ids=input_ids,
             page_size=size,
@@ -1127,16 +1149,14 @@ class Scheduler:
         if steady.any_eos and np.count_nonzero(tokens == steady.eos):
             return None
         arrays, slots, kv_len = self._arrays, plan.slots, plan.kv_len
-        last_token = arrays.last_token[slots]  # a copy, for the undo
-        journal = Journal()
-
-        def undo() -> None:
-            arrays.computed[slots], arrays.known[slots], arrays.last_token[slots] = plan.start, kv_len, last_token
-
-        journal.record(undo)
+        # The last tokens before this step, for the undo: the plan's input ids, which were gathered
+        # from them (nothing changed them since: the batch's version is the scheduler's).
+        last_token = plan.input_ids if plan.input_ids is not None else arrays.last_token[slots]
+        known = kv_len + 1  # also the next step's context lengths
+        journal: Journal | None = None
         try:
             arrays.computed[slots] = kv_len
-            arrays.known[slots] = kv_len + 1
+            arrays.known[slots] = known
             arrays.last_token[slots] = tokens
             if steady.all_ids:
                 arrays.tokens.write(slots, kv_len, tokens, max_position=steady.max_start + 1)
@@ -1145,11 +1165,15 @@ class Scheduler:
                 arrays.tokens.write(slots[index], kv_len[index], tokens[index])
             naming = steady.naming(-steady.step % self._kv.page_size)
             if naming is not None:  # the group that starts a page next step filled its last one now
+                journal = Journal()
                 self._defer_naming(naming, kv_len, journal)
         except BaseException:
-            journal.rollback()
+            if journal is not None:
+                journal.rollback()
+            arrays.computed[slots], arrays.known[slots], arrays.last_token[slots] = plan.start, kv_len, last_token
             raise
-        steady.next_start = kv_len
+        steady.next_start = steady.fed_start = kv_len
+        steady.fed_kv_len, steady.fed_ids = _frozen(known), tokens  # a result's token ids are read-only
         steady.max_start += 1
         steady.to_length -= 1
         steady.ready = True
@@ -1159,7 +1183,7 @@ class Scheduler:
         return StepOutcome(
             step_id=plan.step_id,
             request_ids=plan.request_ids,
-            new_token_ids=tokens.copy(),
+            new_token_ids=tokens,  # read-only, like the plan's arrays
             finished=(),
             duration_s=result.duration_s,
         )
