@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import contextlib
+from unittest import mock
 
 import attrs
+import numpy as np
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -16,6 +19,7 @@ from phasesched import (
     SchedulerConfig,
     SchedulingPolicy,
     Selection,
+    StepResult,
     load_policy,
 )
 from phasesched.policies import PhasePriority
@@ -177,3 +181,42 @@ class TestFastPathTrust:
         plan = scheduler.schedule()
         scheduler.update(plan, DeterministicExecutor().execute(plan))
         assert scheduler.decode_run(100) is None
+
+
+class TestSteadyUpdate:
+    def test_a_failed_steady_update_puts_back_the_last_tokens(self) -> None:
+        """Its undo restores each request's last token from the plan's input ids: the next plan feeds them again."""
+        scheduler = Scheduler(SchedulerConfig(num_pages=64, page_size=4), load_policy("vllm"))
+        for i in range(3):
+            scheduler.add_request(Request(f"r{i}", prompt_token_ids=[5, 6, 7], max_new_tokens=30))
+        executor = DeterministicExecutor(vocab_size=50)
+        for _ in range(6):  # past the prompts, into steady steps fed by the last update
+            plan = scheduler.schedule()
+            scheduler.update(plan, executor.execute(plan))
+        plan = scheduler.schedule()
+        assert plan.input_ids is not None
+        tokens = scheduler._arrays.tokens
+        with mock.patch.object(tokens, "write", side_effect=MemoryError), pytest.raises(MemoryError):
+            scheduler.update(plan, StepResult(step_id=plan.step_id, token_ids=np.full(3, 42)))
+        scheduler.abandon(plan)
+        again = scheduler.schedule()
+        assert again.input_ids is not None
+        assert again.input_ids.tolist() == plan.input_ids.tolist()
+        assert again.kv_len.tolist() == plan.kv_len.tolist()
+
+    def test_fed_steps_match_gathered_ones(self) -> None:
+        """Steps fed by the last update hand out exactly what gathering from the state gives, read-only."""
+        scheduler = Scheduler(SchedulerConfig(num_pages=64, page_size=4), load_policy("vllm"))
+        for i in range(3):
+            scheduler.add_request(Request(f"r{i}", prompt_token_ids=[5, 6, 7 + i], max_new_tokens=30))
+        executor = DeterministicExecutor(vocab_size=50)
+        arrays = scheduler._arrays
+        for _ in range(20):
+            plan = scheduler.schedule()
+            assert plan.input_ids is not None
+            if plan.num_decodes == plan.batch_size:  # past the prompts
+                assert plan.input_ids.tolist() == arrays.last_token[plan.slots].tolist()
+            assert plan.kv_len.tolist() == (arrays.computed[plan.slots] + plan.num_new).tolist()
+            assert plan.kv_last_page_len.tolist() == ((plan.kv_len - 1) % 4 + 1).tolist()
+            outcome = scheduler.update(plan, executor.execute(plan))
+            assert not outcome.new_token_ids.flags.writeable

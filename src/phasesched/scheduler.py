@@ -420,7 +420,7 @@ class StepOutcome:
     Attributes:
         step_id: The plan's step id.
         request_ids: The plan's slices, in batch order.
-        new_token_ids: int32 ``[B]``: the token each slice added, -1 where it added none.
+        new_token_ids: int32 ``[B]``, read-only: the token each slice added, -1 where it added none.
         finished: Requests that finished or were aborted in this update.
         duration_s: The executor's step duration, if it gave one.
 
@@ -1132,7 +1132,7 @@ class Scheduler:
             core.ready = True
         self._in_flight = None
         self._version += 1
-        new_tokens = np.where(plan.samples, result.token_ids, -1).astype(np.int32)
+        new_tokens = _frozen(np.where(plan.samples, result.token_ids, -1).astype(np.int32))
         return StepOutcome(
             step_id=plan.step_id,
             request_ids=plan.request_ids,
@@ -1243,9 +1243,9 @@ class Scheduler:
         self._in_flight = None
         self._version += 1
         new_tokens = (
-            np.concatenate([tokens[:n], np.where(samples[n:], tokens[n:], -1)]).astype(np.int32)
+            _frozen(np.concatenate([tokens[:n], np.where(samples[n:], tokens[n:], -1)]).astype(np.int32))
             if len(rest)
-            else tokens.astype(np.int32)  # a copy
+            else tokens  # read-only, like the plan's arrays
         )
         return StepOutcome(
             step_id=plan.step_id,
