@@ -90,3 +90,22 @@ def test_a_reserved_scheduler_copies_what_it_holds_not_what_it_reserved(how: str
         for s, plan in zip((scheduler, twin), plans, strict=True):
             s.update(plan, result)
     assert np.array_equal(scheduler.kv.page_counts, twin.kv.page_counts)
+
+
+@pytest.mark.parametrize("how", ["deepcopy", "pickle"])
+def test_a_copy_hands_out_read_only_plans(how: str) -> None:
+    """Copied while its steady steps share arrays from plan to plan, a scheduler still hands out read-only ones."""
+    scheduler = Scheduler(SchedulerConfig(num_pages=64, page_size=4), load_policy("vllm"))
+    for i in range(3):
+        scheduler.add_request(Request(f"r{i}", prompt_token_ids=[5, 6, 7 + i], max_new_tokens=30))
+    executor = DeterministicExecutor(vocab_size=VOCAB)
+    for _ in range(6):  # past the prompts: steady steps, each fed by the last update
+        plan = scheduler.schedule(0.0)
+        scheduler.update(plan, executor.execute(plan))
+    twin = by_value(scheduler, how)
+    for _ in range(10):
+        plan = twin.schedule(0.0)
+        for name in ("start", "num_new", "kv_indptr", "kv_indices", "kv_len", "kv_last_page_len", "input_ids"):
+            assert not getattr(plan, name).flags.writeable, name
+        outcome = twin.update(plan, executor.execute(plan))
+        assert not outcome.new_token_ids.flags.writeable

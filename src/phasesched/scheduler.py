@@ -519,6 +519,14 @@ class Scheduler:
         # commits and its update or abandon settles).
         self._prefilling: Int32Array = _NO_SLOTS
 
+    def __getstate__(self) -> dict[str, object]:
+        """Copies and pickles leave the steady batch and the mixed steps' core behind: caches, rebuilt when next needed.
+
+        Their arrays are handed to plan after plan, frozen so no executor can change them under
+        the next step; a copied array is writeable again.
+        """
+        return {**self.__dict__, "_steady": None, "_core": None}
+
     def _reserve_tables(self) -> None:
         """Reserve the token buffer and the KV tables for a full batch of the longest requests.
 
