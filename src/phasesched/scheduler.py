@@ -934,14 +934,15 @@ class Scheduler:
         indptr, indices = kv.gather(slots, kv.page_counts[slots])
         kv_indices = core.grow_tables(kv, starting, indices)
         assert core.kv_indptr is not None
-        decoded = core.next_start + 1
         if len(slots):
             rest_len = start + num_new
             qo_indptr = np.empty(n + len(slots) + 1, dtype=np.int32)
             qo_indptr[: n + 1] = core.qo_indptr
             num_new.cumsum(out=qo_indptr[n + 1 :])
             qo_indptr[n + 1 :] += n
-            kv_len = np.concatenate([decoded, rest_len])
+            kv_len = np.concatenate([core.next_start + 1, rest_len])
+            last_page_len = (kv_len - 1) % size
+            last_page_len += 1
             slots, start, num_new, prompt_len, samples, kv_indptr, positions = (
                 np.concatenate([core.running, slots]),
                 np.concatenate([core.next_start, start]),
@@ -954,7 +955,8 @@ class Scheduler:
             request_ids = core.request_ids + tuple(arrays.ids[slots[n:]].tolist())
             positions, input_ids = self._rest_tokens(core, slots[n:], start[n:], num_new[n:], known)
         else:  # the decodes alone: the steady step's plan
-            qo_indptr, kv_len, request_ids = core.qo_indptr, decoded, core.request_ids
+            qo_indptr, request_ids = core.qo_indptr, core.request_ids
+            kv_len, last_page_len, input_ids = core.moving_arrays(arrays.last_token)
             slots, start, num_new, prompt_len, samples, kv_indptr, positions = (
                 core.running,
                 core.next_start,
@@ -964,9 +966,6 @@ class Scheduler:
                 core.kv_indptr,
                 core.next_start,
             )
-            input_ids = arrays.last_token[core.running] if core.all_ids else None
-        last_page_len = (kv_len - 1) % size
-        last_page_len += 1
         plan = StepPlan(
             step_id=self._next_step,
             request_ids=request_ids,
