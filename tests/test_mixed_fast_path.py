@@ -80,12 +80,21 @@ class Arrival:
     eos: bool
     stop: bool
     precomputed: int
+    arrival_time: float = 0.0
+
+
+NOW = st.just(0.0)
+"""Every request arriving at 0 (victims then go by their places in the running order alone)."""
+PROMPT_LENS = st.integers(1, 48)
 
 
 @st.composite
-def arrivals(draw: st.DrawFn) -> Arrival:
-    prompt_len = draw(st.integers(1, 48))
+def arrivals(
+    draw: st.DrawFn, arrival_times: st.SearchStrategy[float] = NOW, prompt_lens: st.SearchStrategy[int] = PROMPT_LENS
+) -> Arrival:
+    prompt_len = draw(prompt_lens)
     return Arrival(
+        arrival_time=draw(arrival_times),
         step=draw(st.integers(0, 20)),
         prompt_len=prompt_len,
         max_new_tokens=draw(st.integers(1, 24)),
@@ -100,12 +109,18 @@ def arrivals(draw: st.DrawFn) -> Arrival:
 def request_of(index: int, arrival: Arrival) -> Request:
     """Request ``r{index}``: its prompt shares ``shared_prefix`` leading tokens with every other one."""
     if not arrival.with_ids:
-        return Request(f"r{index}", prompt_len=arrival.prompt_len, max_new_tokens=arrival.max_new_tokens)
+        return Request(
+            f"r{index}",
+            prompt_len=arrival.prompt_len,
+            max_new_tokens=arrival.max_new_tokens,
+            arrival_time=arrival.arrival_time,
+        )
     prompt = [i % VOCAB if i < arrival.shared_prefix else (index * 7 + i) % VOCAB for i in range(arrival.prompt_len)]
     return Request(
         f"r{index}",
         prompt_token_ids=prompt,
         max_new_tokens=arrival.max_new_tokens,
+        arrival_time=arrival.arrival_time,
         eos_token_id=5 if arrival.eos else None,
         stop_token_ids=(7,) if arrival.stop else (),
     )
@@ -224,6 +239,84 @@ def decoding_beside_a_long_prompt(
 SETTINGS = settings(deadline=None, max_examples=250, suppress_health_check=[HealthCheck.too_slow])
 NO_CORE = 1 << 30
 """A ``_MIXED_CORE_MIN`` no workload here reaches."""
+
+
+@st.composite
+def crowded_policies(draw: st.DrawFn) -> SchedulingPolicy:
+    """:func:`policies` seating several requests, with a token budget that holds every decode: only pages bind."""
+    policy = draw(policies())
+    budget = attrs.evolve(
+        policy.budget,
+        max_num_batched_tokens=draw(st.sampled_from((16, 24))),
+        max_num_seqs=draw(st.sampled_from((4, 8))),
+    )
+    return attrs.evolve(policy, budget=budget)
+
+
+class TestPreemptingSteps:
+    """Decode-first steps whose decodes' pages do not all fit: worked out from the state, victims included."""
+
+    @given(
+        policy=crowded_policies(),
+        # Arrival times out of step with the order requests come in, and ties: the victims go by
+        # arrival, then by place in the running order (where preempted requests come back last).
+        # Short prompts of few lengths: many decodes start pages in the same steps, and victims
+        # holding a page or two (or only pages others share) free too few for one to be enough; a
+        # longer one is still prefilling when the latest arrival is preempted.
+        workload=st.lists(
+            arrivals(st.sampled_from((0.0, 1.0, 2.0, 3.5)), st.sampled_from((1, 3, 4, 5, 8, 30))),
+            min_size=4,
+            max_size=14,
+        ),
+        steps=st.lists(events, min_size=20, max_size=80),
+        pages=st.integers(6, 24),
+        core_min=st.sampled_from((0, NO_CORE)),
+    )
+    @settings(SETTINGS, max_examples=400)
+    def test_plans_match_the_policy_asked_in_full(
+        self, policy: SchedulingPolicy, workload: list[Arrival], steps: list[Events], pages: int, core_min: int
+    ) -> None:
+        """With few pages, preemptions are frequent, and the two schedulers still say the same."""
+        with mock.patch.object(phasesched.scheduler, "_MIXED_CORE_MIN", core_min):
+            run(policy, workload, steps, pages, 0.0)
+
+    def test_a_preempting_step_is_not_asked_of_the_policy(self) -> None:
+        """Decodes short of pages preempt the latest arrival, even one already in the step, without the builder."""
+        policy = load_policy("vllm", PolicyOptions(max_num_batched_tokens=16, max_num_seqs=8))
+        fast, slow = (
+            Scheduler(SchedulerConfig(num_pages=7, page_size=4), p)
+            for p in (policy, attrs.evolve(policy, priority=PassThrough(policy.priority)))
+        )
+        executor = DeterministicExecutor()
+
+        def step(*, asked: bool = True) -> StepPlan:
+            """A step of both; with ``asked=False`` the first must plan it without its policy."""
+            refused = mock.patch.object(Scheduler, "_ask_policy", side_effect=AssertionError("asked"))
+            with contextlib.nullcontext() if asked else refused:
+                plan = fast.schedule()
+            other = slow.schedule()
+            assert plan_shape(plan) == plan_shape(other)
+            for scheduler, planned in ((fast, plan), (slow, other)):
+                scheduler.update(planned, executor.execute(planned))
+            return plan
+
+        # a2 arrived last but is admitted first: it leads the decodes, so when a0 finds no page,
+        # a2 is the victim though the step had already taken it (its place goes back to a0).
+        for scheduler in (fast, slow):
+            scheduler.add_request(Request("a2", prompt_token_ids=[1, 2, 3], max_new_tokens=20, arrival_time=2.0))
+        step()
+        for scheduler in (fast, slow):
+            for name, arrival in (("a0", 0.0), ("a1", 1.0)):
+                scheduler.add_request(
+                    Request(name, prompt_token_ids=[1, 2, 3], max_new_tokens=20, arrival_time=arrival)
+                )
+        with mock.patch.object(phasesched.scheduler, "_MIXED_CORE_MIN", NO_CORE):
+            plans = [step(asked=False) for _ in range(12)]
+        preempting = [plan for plan in plans if plan.preempted]
+        assert [(plan.preempted, plan.request_ids) for plan in preempting] == [
+            (("a2",), ("a0", "a1")),
+            (("a1",), ("a0",)),
+        ]
 
 
 class TestMixedFastPath:

@@ -3,23 +3,27 @@
 For exactly :class:`~phasesched.policies.priority.DecodeFirst` with a chunk sizer that never
 reads the batch (``BATCH_BLIND_CHUNKERS``: whole prompts, fixed chunks, vLLM's thresholds), a
 preemption policy that never preempts for waiting requests and a queue order that does not
-re-rank, the policy's step is fixed by the scheduler's state as long as nobody must be
-preempted: every decode, then each ongoing prefill's chunk in admission order, then waiting
-requests in queue order while a seat, a token and room for the whole prefill remain (the
-builder's rules, which :func:`decode_first_selection` follows step for step). The chunk sizer
-itself sizes every slice.
+re-rank, the policy's step is fixed by the scheduler's state: every decode, then each ongoing
+prefill's chunk in admission order, then waiting requests in queue order while a seat, a token
+and room for the whole prefill remain (the builder's rules, which :func:`decode_first_selection`
+follows step for step). The chunk sizer itself sizes every slice. When the decodes' pages do
+not all fit and the victims go by :class:`~phasesched.policies.preemption.LatestArrival`
+(vLLM's), the preemptions are fixed by the state too: decodes are taken in order while they
+fit, and for each that does not the latest arrival is preempted (``add_running``'s loop); the
+step then admits nobody, as the builder's ``admit`` refuses once running requests were
+preempted for KV.
 
 Working the step out here costs about half the calls of filling a builder with its view and
 candidates (about 100 against 200 for a simulated admission step), the larger part of a general
 step's planning when a handful of requests run (a simulation's arrivals, a small engine's
-admissions). When the step would preempt, the answer
-is ``None`` and the scheduler asks the policy. ``tests/test_mixed_fast_path.py`` holds every
-plan to the policy's own.
+admissions; and preemptions, a simulation's usual general step once its KV runs short). When an
+ongoing prefill's chunk would preempt, the answer is ``None`` and the scheduler asks the policy.
+``tests/test_mixed_fast_path.py`` holds every plan to the policy's own.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
@@ -33,13 +37,22 @@ if TYPE_CHECKING:
     from phasesched.request import Request
     from phasesched.waiting import WaitingCandidate
 
-__all__ = ["RunningState", "StepRoom", "decode_first_selection", "selection_after_decodes"]
+__all__ = ["RunningState", "StepRoom", "Victims", "decode_first_selection", "selection_after_decodes"]
 
 Int32Array = NDArray[np.int32]
 _NO_TOKENS = np.zeros(0, dtype=np.int64)  # a batch-blind sizer reads no batch
 _NO_TOKENS.flags.writeable = False
 _NO_SLOTS = np.zeros(0, dtype=np.int32)
 _NO_SLOTS.flags.writeable = False
+
+
+class Victims(NamedTuple):
+    """What preempting by :class:`~phasesched.policies.preemption.LatestArrival` reads."""
+
+    ranked: Int32Array
+    """Every running slot, best victim first (``LatestArrival.rank``): the k-th victim is the k-th here."""
+    freed_by: Callable[[Int32Array], int]
+    """Pages that preempting these slots would return to the pool (shared pages counted once)."""
 
 
 class RunningState(NamedTuple):
@@ -51,6 +64,10 @@ class RunningState(NamedTuple):
     """Pages the decodes take this step, together."""
     prefills: list[tuple[int, Request, int, int, int]]
     """Each slot with prefill work left, with its request, computed and known tokens, and pages held."""
+    decode_growth: NDArray[np.int64] | None = None
+    """Pages each decode takes this step (read with ``victims``, when the pages bind)."""
+    victims: Victims | None = None
+    """How to preempt when the decodes' pages do not fit (``None``: the policy is asked then)."""
 
 
 class StepRoom(NamedTuple):
@@ -77,7 +94,10 @@ class StepRoom(NamedTuple):
 def decode_first_selection(
     running: RunningState, candidates: Iterable[WaitingCandidate], chunker: ChunkSizer, room: StepRoom
 ) -> Selection | None:
-    """Decode-first's selection for the step, or ``None`` when it would preempt (the policy decides then).
+    """Decode-first's selection for the step, or ``None`` when the policy must be asked.
+
+    That is when the decodes exceed the token budget, when their pages bind and ``running``
+    has no :class:`Victims`, or when an ongoing prefill's chunk would preempt.
 
     Args:
         running: The running requests.
@@ -85,11 +105,20 @@ def decode_first_selection(
         chunker: The policy's chunk sizer (batch-blind).
         room: The whole step's room: the token budget, the free pages.
     """
-    decodes = running.decodes
+    decodes, prefills = running.decodes, running.prefills
+    preempted: tuple[int, ...] = ()
     tokens, pages = room.tokens - len(decodes), room.pages - running.decode_pages
-    if tokens < 0 or pages < 0:
-        return None  # the decodes do not all fit: the builder takes some, or preempts
-    rest = _after_decodes(running.prefills, candidates, chunker, room.less(tokens=tokens, pages=pages))
+    if tokens < 0:
+        return None  # the decodes do not all fit the budget: the builder takes some
+    if pages < 0:  # nor the free pages: the builder takes them in order, preempting for them
+        if running.victims is None or running.decode_growth is None:
+            return None
+        decodes, preempted, tokens, pages = _decodes_preempting(
+            decodes, running.decode_growth, running.victims, room.tokens, room.pages
+        )
+        prefills = [prefill for prefill in prefills if prefill[0] not in preempted]
+        candidates = ()  # once running requests were preempted for KV, the builder admits nobody
+    rest = _after_decodes(prefills, candidates, chunker, room.less(tokens=tokens, pages=pages))
     if rest is None:
         return None
     slots, sizes, admitted, admitted_tokens = rest
@@ -97,7 +126,46 @@ def decode_first_selection(
         decodes = np.concatenate([decodes, np.array(slots, dtype=np.int32)])
     num_new = np.ones(len(decodes), dtype=np.int32)
     num_new[len(num_new) - len(sizes) :] = sizes
-    return Selection.built(decodes, num_new, admitted, admitted_tokens)
+    return Selection.built(decodes, num_new, admitted, admitted_tokens, preempted)
+
+
+def _decodes_preempting(
+    decodes: Int32Array, growth: NDArray[np.int64], victims: Victims, tokens_left: int, pages_left: int
+) -> tuple[Int32Array, tuple[int, ...], int, int]:
+    """``BatchBuilder.add_decodes`` when the decodes' pages bind and the budget holds them all.
+
+    Decodes are taken in order while they fit; for the first that does not, the best victim
+    still running is preempted: taken out of the step if it was in it, its pages returned,
+    then the rest are taken again, and so on.
+
+    Returns:
+        The decodes taken, in order; the victims, in the order preempted; and the tokens and
+        pages left.
+    """
+    taken: list[Int32Array] = []
+    slots, pages, ranked = decodes, growth, victims.ranked
+    count = freed = 0  # victims so far, and the pages they free
+    while True:
+        fit = int(np.searchsorted(pages.cumsum(), pages_left, side="right"))  # tokens never bind here
+        taken.append(slots[:fit])
+        pages_left -= int(pages[:fit].sum())
+        tokens_left -= fit
+        if fit == len(slots):
+            break
+        victim = int(ranked[count])  # one is left: the decode that did not fit is still running
+        count += 1
+        for i, part in enumerate(taken):  # a victim already in the step gives its token and pages back
+            hit = (part == victim).nonzero()[0]
+            if len(hit):
+                tokens_left += 1
+                pages_left += int(growth[decodes == victim][0])
+                taken[i] = np.delete(part, hit[0])
+                break
+        before, freed = freed, victims.freed_by(ranked[:count])
+        pages_left += freed - before  # pages shared with earlier victims free only now
+        keep = slots[fit:] != victim
+        slots, pages = slots[fit:][keep], pages[fit:][keep]
+    return np.concatenate(taken), tuple(ranked[:count].tolist()), tokens_left, pages_left
 
 
 def selection_after_decodes(

@@ -34,7 +34,7 @@ from phasesched.errors import (
 )
 from phasesched.executor import StepResult
 from phasesched.journal import Journal
-from phasesched.known_selection import RunningState, StepRoom, decode_first_selection, selection_after_decodes
+from phasesched.known_selection import RunningState, StepRoom, Victims, decode_first_selection, selection_after_decodes
 from phasesched.kv import Claim, HeldKV, KVView, PagedKVManager
 from phasesched.plan import StepPlan, build_step_plan, token_positions
 from phasesched.policies.builder import BATCH_BLIND_CHUNKERS, BatchBuilder, checked_chunk
@@ -47,7 +47,7 @@ from phasesched.policies.chunking import (
     PrefillCandidate,
 )
 from phasesched.policies.policy import SchedulingPolicy
-from phasesched.policies.preemption import PreemptionPolicy
+from phasesched.policies.preemption import LatestArrival, PreemptionPolicy
 from phasesched.policies.priority import EVERY_DECODE_PRIORITIES, DecodeFirst, EqualProgress, PrefillFirst
 from phasesched.policies.queue_order import FCFS, CacheAwareOrder, rerank
 from phasesched.prefix import ROOT_HASH, block_page_hashes, extend_page_hashes
@@ -1044,8 +1044,9 @@ class Scheduler:
     def _known_selection(self) -> CheckedSelection | None:
         """Decode-first's selection for this step worked out from the state (:mod:`phasesched.known_selection`).
 
-        ``None`` when the step would preempt, or when a queue order re-ranks the waiting
-        requests: the policy is asked then.
+        ``None`` when the step would preempt with victims other than the latest arrivals (or
+        for a prefill's chunk), or when a queue order re-ranks the waiting requests: the policy
+        is asked then.
         """
         if self._reorder is not None:
             return None
@@ -1057,19 +1058,26 @@ class Scheduler:
         is_decode = decodes_next(computed, known, arrays.prompt_len[running])
         decodes = running[is_decode]
         prefills = self._prefills(running[~is_decode]) if len(decodes) < len(running) else []
-        growth = int(kv.pages_to_grow(decodes, computed[is_decode] + 1).sum()) if len(decodes) else 0
+        decode_growth = kv.pages_to_grow(decodes, computed[is_decode] + 1) if len(decodes) else None
+        growth = int(decode_growth.sum()) if decode_growth is not None else 0
+        free, victims = kv.num_free_pages, None
+        if growth > free and type(self.policy.preemption.victims) is LatestArrival:  # the decodes preempt
+            victims = Victims(running[LatestArrival.rank(arrays.arrival[running])], kv.freed_by_freeing)
         budget, priority = self.policy.budget, self.policy.priority
         assert isinstance(priority, DecodeFirst)  # _mixed_fast_path's promise
         room = StepRoom(
             budget.max_num_batched_tokens,
             budget.max_num_seqs - len(running),
-            kv.num_free_pages,
+            free,
             kv.watermark_pages,
             kv.page_size,
             priority.max_declined,
         )
         selection = decode_first_selection(
-            RunningState(decodes, growth, prefills), self._candidates(), self.policy.chunker, room
+            RunningState(decodes, growth, prefills, decode_growth, victims),
+            self._candidates(),
+            self.policy.chunker,
+            room,
         )
         checked = None
         if selection is not None:

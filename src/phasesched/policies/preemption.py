@@ -55,7 +55,16 @@ class LatestArrival:
         Returns:
             int32 ``[K]``: ``slots`` (int32 ``[K]``) re-ordered.
         """
-        return slots[np.lexsort((-np.arange(len(slots)), -view.arrival_time[slots]))]
+        return slots[self.rank(view.arrival_time[slots])]
+
+    @staticmethod
+    def rank(arrival_time: NDArray[np.float64]) -> NDArray[np.intp]:
+        """Places in ``arrival_time`` (requests in admission order), best victim first.
+
+        Dropping some places leaves the rest in the same order: the victims of successive
+        preemptions are this ranking's first, second, ... (the scheduler's known steps rely on it).
+        """
+        return np.lexsort((-np.arange(len(arrival_time)), -arrival_time))
 
 
 @attrs.frozen
