@@ -38,3 +38,28 @@ class TestCallsPerRequest:
         assert "calls/req" not in capsys.readouterr().out
         bench.print_table([bench.run_case("tiny", "vllm", workload, profile=True, top=3)])
         assert "calls/req" in capsys.readouterr().out
+
+
+class TestRepeats:
+    def test_the_least_cpu_run_is_reported_with_the_range(
+        self, bench: ModuleType, capsys: pytest.CaptureFixture[str]
+    ) -> None:
+        """Of a case's runs, the one with the least CPU is its row; the table shows every run's range."""
+        workload = synthetic(4, Poisson(1.0), 256, 16, seed=0, name="tiny")
+        runs = [bench.run_case("tiny", "vllm", workload, profile=False, top=3) for _ in range(3)]
+        for run, cpu in zip(runs, (0.3, 0.1, 0.2), strict=True):  # as a busy neighbour would leave them
+            run["cpu_s"], run["cpu_ms_per_request"] = cpu, 1000.0 * cpu / 4
+        row = bench.least_cpu(runs)
+        assert row["cpu_s"] == 0.1
+        assert row["runs_ms_per_request"] == [75.0, 25.0, 50.0]
+        bench.print_table([row])
+        out = capsys.readouterr().out
+        assert "25.000-75.000" in out
+        assert "least CPU" in out
+        bench.print_table([bench.least_cpu(runs[:1])])  # one run: no range
+        assert "range" not in capsys.readouterr().out
+
+    def test_repeat_must_be_positive(self, bench: ModuleType) -> None:
+        """``--repeat 0`` is refused before anything runs."""
+        with pytest.raises(SystemExit):
+            bench.main(["--cases", "poisson-1k", "--repeat", "0"])
