@@ -301,7 +301,7 @@ class TestPreemptingSteps:
             return plan
 
         # a2 arrived last but is admitted first: it leads the decodes, so when a0 finds no page,
-        # a2 is the victim though the step had already taken it (its place goes back to a0).
+        # a2 is the victim though the step had already taken it (a0 takes the page a2 gave back).
         for scheduler in (fast, slow):
             scheduler.add_request(Request("a2", prompt_token_ids=[1, 2, 3], max_new_tokens=20, arrival_time=2.0))
         step()
@@ -317,6 +317,55 @@ class TestPreemptingSteps:
             (("a2",), ("a0", "a1")),
             (("a1",), ("a0",)),
         ]
+
+    @staticmethod
+    def lockstep(
+        policy: SchedulingPolicy, pages: int, arrivals: dict[int, list[Request]], steps: int
+    ) -> list[StepPlan]:
+        """Two schedulers in lockstep, the second asking its policy: every plan the same; the first's plans."""
+        fast, slow = (
+            Scheduler(SchedulerConfig(num_pages=pages, page_size=4), p)
+            for p in (policy, attrs.evolve(policy, priority=PassThrough(policy.priority)))
+        )
+        executor, plans = DeterministicExecutor(), []
+        with mock.patch.object(phasesched.scheduler, "_MIXED_CORE_MIN", NO_CORE):
+            for step in range(steps):
+                for request in arrivals.get(step, []):
+                    for scheduler in (fast, slow):
+                        scheduler.add_request(request)
+                plan, other = fast.schedule(), slow.schedule()
+                assert plan_shape(plan) == plan_shape(other), step
+                for scheduler, planned in ((fast, plan), (slow, other)):
+                    scheduler.update(planned, executor.execute(planned))
+                plans.append(plan)
+        return plans
+
+    def test_victims_sharing_pages_free_them_together(self) -> None:
+        """The second victim frees the prompt pages it shares with the first: neither alone would have."""
+        policy = load_policy(
+            "vllm", PolicyOptions(max_num_batched_tokens=24, max_num_seqs=8, enable_prefix_caching=True)
+        )
+        first = [Request(f"x{i}", prompt_token_ids=[100 + i] * 3, max_new_tokens=20) for i in range(5)]
+        first.append(Request("y", prompt_token_ids=[*range(1, 9), 50], max_new_tokens=20, arrival_time=2.0))
+        later = [Request("z", prompt_token_ids=[*range(1, 9), 60], max_new_tokens=20, arrival_time=3.0)]
+        plans = self.lockstep(policy, 11, {0: first, 1: later}, 30)
+        assert ("z", "y") in [plan.preempted for plan in plans]
+
+    def test_a_victim_in_the_step_gives_its_token_back(self) -> None:
+        """A victim taken out of the step returns its token to the budget: the ongoing chunk after it is the larger."""
+        options = PolicyOptions(max_num_batched_tokens=5, max_num_seqs=8)
+        policy = attrs.evolve(load_policy("vllm", options), chunker=FixedChunk(4))
+        arrivals = {
+            0: [Request("a", prompt_len=1, max_new_tokens=30, arrival_time=2.0)],
+            1: [
+                Request("b", prompt_len=3, max_new_tokens=30, arrival_time=0.0),
+                Request("p", prompt_len=20, max_new_tokens=3, arrival_time=1.0),
+            ],
+        }
+        plans = self.lockstep(policy, 8, arrivals, 40)
+        preempting = [plan for plan in plans if plan.preempted == ("a",)]
+        assert preempting
+        assert dict(zip(preempting[0].request_ids, preempting[0].num_new.tolist(), strict=True))["p"] == 4
 
 
 class TestMixedFastPath:

@@ -49,6 +49,8 @@ _NO_SLOTS.flags.writeable = False
 class Victims(NamedTuple):
     """What preempting by :class:`~phasesched.policies.preemption.LatestArrival` reads."""
 
+    decode_growth: NDArray[np.int64]
+    """Pages each decode takes this step, in :attr:`RunningState.decodes`' order."""
     ranked: Int32Array
     """Every running slot, best victim first (``LatestArrival.rank``): the k-th victim is the k-th here."""
     freed_by: Callable[[Int32Array], int]
@@ -64,8 +66,6 @@ class RunningState(NamedTuple):
     """Pages the decodes take this step, together."""
     prefills: list[tuple[int, Request, int, int, int]]
     """Each slot with prefill work left, with its request, computed and known tokens, and pages held."""
-    decode_growth: NDArray[np.int64] | None = None
-    """Pages each decode takes this step (read with ``victims``, when the pages bind)."""
     victims: Victims | None = None
     """How to preempt when the decodes' pages do not fit (``None``: the policy is asked then)."""
 
@@ -111,13 +111,12 @@ def decode_first_selection(
     if tokens < 0:
         return None  # the decodes do not all fit the budget: the builder takes some
     if pages < 0:  # nor the free pages: the builder takes them in order, preempting for them
-        if running.victims is None or running.decode_growth is None:
+        if running.victims is None:
             return None
-        decodes, preempted, tokens, pages = _decodes_preempting(
-            decodes, running.decode_growth, running.victims, room.tokens, room.pages
-        )
+        decodes, preempted, tokens, pages = _decodes_preempting(decodes, running.victims, room.tokens, room.pages)
         prefills = [prefill for prefill in prefills if prefill[0] not in preempted]
         candidates = ()  # once running requests were preempted for KV, the builder admits nobody
+        # (so the seats the victims free, which room.seats leaves out, are never read)
     rest = _after_decodes(prefills, candidates, chunker, room.less(tokens=tokens, pages=pages))
     if rest is None:
         return None
@@ -130,7 +129,7 @@ def decode_first_selection(
 
 
 def _decodes_preempting(
-    decodes: Int32Array, growth: NDArray[np.int64], victims: Victims, tokens_left: int, pages_left: int
+    decodes: Int32Array, victims: Victims, tokens_left: int, pages_left: int
 ) -> tuple[Int32Array, tuple[int, ...], int, int]:
     """``BatchBuilder.add_decodes`` when the decodes' pages bind and the budget holds them all.
 
@@ -143,7 +142,8 @@ def _decodes_preempting(
         pages left.
     """
     taken: list[Int32Array] = []
-    slots, pages, ranked = decodes, growth, victims.ranked
+    growth, ranked = victims.decode_growth, victims.ranked
+    slots, pages = decodes, growth
     count = freed = 0  # victims so far, and the pages they free
     while True:
         fit = int(np.searchsorted(pages.cumsum(), pages_left, side="right"))  # tokens never bind here
@@ -152,15 +152,12 @@ def _decodes_preempting(
         tokens_left -= fit
         if fit == len(slots):
             break
-        victim = int(ranked[count])  # one is left: the decode that did not fit is still running
+        victim = int(ranked[count])  # it exists: the decode that did not fit is running, not yet preempted
         count += 1
-        for i, part in enumerate(taken):  # a victim already in the step gives its token and pages back
-            hit = (part == victim).nonzero()[0]
-            if len(hit):
-                tokens_left += 1
-                pages_left += int(growth[decodes == victim][0])
-                taken[i] = np.delete(part, hit[0])
-                break
+        if any(np.count_nonzero(part == victim) for part in taken):  # already in the step:
+            tokens_left += 1  # it gives its token and its pages back
+            pages_left += int(growth[decodes == victim][0])
+            taken = [part[part != victim] for part in taken]
         before, freed = freed, victims.freed_by(ranked[:count])
         pages_left += freed - before  # pages shared with earlier victims free only now
         keep = slots[fit:] != victim

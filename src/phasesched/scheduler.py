@@ -1044,9 +1044,9 @@ class Scheduler:
     def _known_selection(self) -> CheckedSelection | None:
         """Decode-first's selection for this step worked out from the state (:mod:`phasesched.known_selection`).
 
-        ``None`` when the step would preempt with victims other than the latest arrivals (or
-        for a prefill's chunk), or when a queue order re-ranks the waiting requests: the policy
-        is asked then.
+        ``None`` when the decodes exceed the token budget, when the step would preempt with
+        victims other than the latest arrivals (or for a prefill's chunk), or when a queue order
+        re-ranks the waiting requests: the policy is asked then.
         """
         if self._reorder is not None:
             return None
@@ -1061,8 +1061,9 @@ class Scheduler:
         decode_growth = kv.pages_to_grow(decodes, computed[is_decode] + 1) if len(decodes) else None
         growth = int(decode_growth.sum()) if decode_growth is not None else 0
         free, victims = kv.num_free_pages, None
-        if growth > free and type(self.policy.preemption.victims) is LatestArrival:  # the decodes preempt
-            victims = Victims(running[LatestArrival.rank(arrays.arrival[running])], kv.freed_by_freeing)
+        if decode_growth is not None and growth > free and type(self.policy.preemption.victims) is LatestArrival:
+            ranked = running[LatestArrival.rank(arrays.arrival[running])]  # the decodes preempt
+            victims = Victims(decode_growth, ranked, kv.freed_by_freeing)
         budget, priority = self.policy.budget, self.policy.priority
         assert isinstance(priority, DecodeFirst)  # _mixed_fast_path's promise
         room = StepRoom(
@@ -1074,7 +1075,7 @@ class Scheduler:
             priority.max_declined,
         )
         selection = decode_first_selection(
-            RunningState(decodes, growth, prefills, decode_growth, victims),
+            RunningState(decodes, growth, prefills, victims),
             self._candidates(),
             self.policy.chunker,
             room,
