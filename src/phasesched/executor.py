@@ -9,6 +9,7 @@ on ``plan.released``.
 
 from __future__ import annotations
 
+import math
 from typing import Protocol, runtime_checkable
 
 import attrs
@@ -82,7 +83,7 @@ class StepResult:
         if np.count_nonzero(self.token_ids[plan.samples] < 0):
             msg = "a slice that samples was given a negative token id"
             raise InvalidResultError(msg)
-        if self.duration_s is not None and not (np.isfinite(self.duration_s) and self.duration_s >= 0):
+        if self.duration_s is not None and not (math.isfinite(self.duration_s) and self.duration_s >= 0):
             msg = f"duration_s must be a finite non-negative number, got {self.duration_s}"
             raise InvalidResultError(msg)
 

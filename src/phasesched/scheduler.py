@@ -898,18 +898,17 @@ class Scheduler:
             The admitted requests' slots and the requests.
         """
         selection = checked.selection
+        slots, pages = [grown, selection.running_slots], [new_pages, checked.new_pages]
+        admitted, new_requests = _NO_SLOTS, list[Request]()
         if selection.admitted:
             self._save_scalars(journal)
         self._drop_claims(journal)
-        admitted, new_requests = _NO_SLOTS, list[Request]()
-        if selection.admitted:
+        if selection.admitted:  # first, as _commit: one growth for all, the admissions' pages last
             admitted, new_requests = self._admit(selection.admitted, checked.admitted_cached, journal)
-        self._extend(
-            np.concatenate([grown, selection.running_slots]), np.concatenate([new_pages, checked.new_pages]), journal
-        )
-        if len(admitted):
             tokens = np.asarray(selection.admitted_tokens, dtype=np.int32)
-            self._extend(admitted, self._kv.pages_to_grow(admitted, self._arrays.computed[admitted] + tokens), journal)
+            slots.append(admitted)
+            pages.append(self._kv.pages_to_grow(admitted, self._arrays.computed[admitted] + tokens))
+        self._extend(np.concatenate(slots), np.concatenate(pages), journal)
         return admitted, new_requests
 
     def _mixed_step(
@@ -2063,13 +2062,17 @@ class Scheduler:
         slots, start, known, num_new = selection.running_slots, checked.start, checked.known, selection.running_tokens
         new_requests: list[Request] = []
         self._drop_claims(journal)
-        if selection.admitted:  # first, so cached prefixes are claimed before growth may evict them
+        if not selection.admitted:
+            self._extend(slots, checked.new_pages, journal)
+        else:  # admitted first, so cached prefixes are claimed before growth may evict them
             admitted, new_requests = self._admit(selection.admitted, checked.admitted_cached, journal)
-        self._extend(slots, checked.new_pages, journal)
-        if selection.admitted:
             admitted_tokens = np.asarray(selection.admitted_tokens, dtype=np.int32)
             admitted_start = arrays.computed[admitted]  # precomputed (transferred) tokens, usually 0
-            self._extend(admitted, self._kv.pages_to_grow(admitted, admitted_start + admitted_tokens), journal)
+            admitted_pages = self._kv.pages_to_grow(admitted, admitted_start + admitted_tokens)
+            # One growth for all: the running tables' pages first, then the admissions'.
+            self._extend(
+                np.concatenate([slots, admitted]), np.concatenate([checked.new_pages, admitted_pages]), journal
+            )
             slots = np.concatenate([slots, admitted])
             start = np.concatenate([start, admitted_start])
             known = np.concatenate([known, arrays.known[admitted]])
