@@ -756,3 +756,51 @@ def test_an_arrival_into_a_steady_batch_is_admitted_by_a_run() -> None:
     workload = Workload("arrivals", arrival_s=[0.0, 0.2, 0.4], prompt_len=[700, 1500, 300], output_len=[400, 300, 20])
     fast, _ = assert_times_of_stepping({"workload": workload, "policy": load_policy("sarathi")})
     assert fast.steps == fast.fast_forwarded_steps
+
+
+def _stopped_early_both_ways(workload: Workload | ClosedLoop, **options: object) -> tuple[SimResult, SimResult]:
+    """The run with fast-forward and stepping, held to one another where stepping leaves steps when it stops."""
+    runs = [
+        simulate(
+            workload,
+            load_policy("orca", PolicyOptions(max_model_len=8192, enable_prefix_caching=False)),
+            Deployment(hardware="A100-80GB", model="llama-3-70b", tensor_parallel=2, max_model_len=8192),
+            fast_forward=fast,
+            ttft_slo_s=0.05,
+            tpot_slo_s=0.05,
+            stop_after_missed=1,
+            keep_requests=True,
+            keep_gaps=True,
+            **options,
+        )
+        for fast in (True, False)
+    ]
+    fast, slow = runs
+    assert fast.stopped_early
+    assert slow.stopped_early
+    assert fast.metrics.gaps is not None
+    assert slow.metrics.gaps is not None
+    assert fast.metrics.gaps.end_s.tolist() == slow.metrics.gaps.end_s.tolist()
+    assert [(w.steps, w.busy_s) for w in fast.workers] == [(w.steps, w.busy_s) for w in slow.workers]
+    assert fast.steps == slow.steps
+    assert _same_up_to_rounding(fast.metrics.values, slow.metrics.values)
+    return fast, slow
+
+
+class TestStoppedEarly:
+    """A run stopped at a miss count records, and counts, the steps stepping would have by then."""
+
+    def test_an_open_run_commits_the_steps_that_ended_before_the_stop(self) -> None:
+        """Routed workers leave runs open: the stop commits those that ended, and counts the one in flight."""
+        workload = Workload("late", arrival_s=[0.0, 0.1], prompt_len=[1, 1], output_len=[53, 1])
+        fast, _ = _stopped_early_both_ways(workload, disaggregation=Disaggregation(1, 2))
+        assert fast.metrics.gaps is not None
+        assert len(fast.metrics.gaps.end_s) == 2  # the decodes that ended before the second miss
+        assert any(w.runs for w in fast.workers)
+
+    def test_a_closed_loop_records_nothing_past_the_stop(self) -> None:
+        """A closed loop's runs would be committed at their start: under a miss limit they stay open instead."""
+        loop = ClosedLoop(3, 12, prompt=Uniform(1, 8), output=Uniform(1, 60), seed=2)
+        fast, _ = _stopped_early_both_ways(loop, disaggregation=Disaggregation(1, 2))
+        assert fast.metrics.gaps is not None
+        assert not len(fast.metrics.gaps.end_s)  # a decode run's first token would have come after the stop

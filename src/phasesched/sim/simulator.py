@@ -351,6 +351,7 @@ class Simulator:
                 self._handle(kind, payload, now, touched)
                 watchdog.event(now, self._progress)
             if limit is not None and self.recorder.missed > limit:
+                self._stop_runs(now)
                 return self._result(time.perf_counter() - wall, stopped_early=True)
             self._start_all(touched.values(), now)
         left = self._issued - self.recorder.completed - self.recorder.failed
@@ -460,7 +461,9 @@ class Simulator:
         ends = ends[:count]
         worker.busy, worker.plan = True, None
         event = self._push(float(ends[-1]), _Event.STEP_END, worker)  # finishes are reported then, as stepping would
-        if self._routed_cuts:  # committed when it ends, or when something reaching its worker cuts it
+        # Committed when it ends, or when something reaching its worker cuts it. A run that may be
+        # stopped early stays open too: committed now, its steps after the stop would be recorded.
+        if self._routed_cuts or self.stop_after_missed is not None:
             worker.open_run = _OpenRun(run, now, ends, event)
         else:
             self._commit(worker, run, now, ends)
@@ -479,6 +482,24 @@ class Simulator:
             self._cancelled.add(open_run.event)
             self._push(float(ends[-1]), _Event.STEP_END, worker)
         self._commit(worker, open_run.run, open_run.start, ends)
+
+    def _stop_runs(self, now: float) -> None:
+        """Leave the open runs as stepping leaves its steps when the run stops at ``now``.
+
+        The steps that ended by then are committed (recorded); the one in flight counts as
+        begun, as a step does when it starts, and records nothing.
+        """
+        for worker in self.workers:
+            open_run, worker.open_run = worker.open_run, None
+            if open_run is None:
+                continue
+            ended = int(open_run.ends.searchsorted(now, side="right"))
+            if ended:
+                self._commit(worker, open_run.run, open_run.start, open_run.ends[:ended])
+            if ended < _run_length(open_run.ends, now):  # begun before the stop, still running
+                begun = open_run.start if not ended else float(open_run.ends[ended - 1])
+                worker.steps += 1
+                worker.busy_s += float(open_run.ends[ended]) - begun
 
     def _commit(self, worker: _Worker, run: DecodeRun | ChunkRun, start: float, ends: np.ndarray) -> None:
         """Apply the steps of ``run`` that end at ``ends`` to the worker's scheduler, recorder and counters.
