@@ -897,18 +897,35 @@ class Scheduler:
         Returns:
             The admitted requests' slots and the requests.
         """
-        selection = checked.selection
-        slots, pages = [grown, selection.running_slots], [new_pages, checked.new_pages]
-        admitted, new_requests = _NO_SLOTS, list[Request]()
-        if selection.admitted:
+        if checked.selection.admitted:
             self._save_scalars(journal)
         self._drop_claims(journal)
-        if selection.admitted:  # first, as _commit: one growth for all, the admissions' pages last
-            admitted, new_requests = self._admit(selection.admitted, checked.admitted_cached, journal)
-            tokens = np.asarray(selection.admitted_tokens, dtype=np.int32)
-            slots.append(admitted)
-            pages.append(self._kv.pages_to_grow(admitted, self._arrays.computed[admitted] + tokens))
-        self._extend(np.concatenate(slots), np.concatenate(pages), journal)
+        return self._admit_and_grow(
+            np.concatenate([grown, checked.selection.running_slots]),
+            np.concatenate([new_pages, checked.new_pages]),
+            checked,
+            journal,
+        )
+
+    def _admit_and_grow(
+        self, slots: Int32Array, new_pages: NDArray[np.int64], checked: CheckedSelection, journal: Journal
+    ) -> tuple[Int32Array, list[Request]]:
+        """Admit the selection's requests, then grow table ``slots[i]`` by ``new_pages[i]`` and the admissions' tables.
+
+        Admissions come first, so cached prefixes are claimed before growth may evict them; the
+        growth is one call, the running tables' pages first, then the admissions'.
+
+        Returns:
+            The admitted requests' slots and the requests.
+        """
+        selection = checked.selection
+        if not selection.admitted:
+            self._extend(slots, new_pages, journal)
+            return _NO_SLOTS, []
+        admitted, new_requests = self._admit(selection.admitted, checked.admitted_cached, journal)
+        tokens = np.asarray(selection.admitted_tokens, dtype=np.int32)
+        admitted_pages = self._kv.pages_to_grow(admitted, self._arrays.computed[admitted] + tokens)
+        self._extend(np.concatenate([slots, admitted]), np.concatenate([new_pages, admitted_pages]), journal)
         return admitted, new_requests
 
     def _mixed_step(
@@ -2060,19 +2077,11 @@ class Scheduler:
             self._save_scalars(journal)
         preempted = [*self._carried_preempted, *self._preempt(selection.preempted, journal)]
         slots, start, known, num_new = selection.running_slots, checked.start, checked.known, selection.running_tokens
-        new_requests: list[Request] = []
         self._drop_claims(journal)
-        if not selection.admitted:
-            self._extend(slots, checked.new_pages, journal)
-        else:  # admitted first, so cached prefixes are claimed before growth may evict them
-            admitted, new_requests = self._admit(selection.admitted, checked.admitted_cached, journal)
+        admitted, new_requests = self._admit_and_grow(slots, checked.new_pages, checked, journal)
+        if len(admitted):
             admitted_tokens = np.asarray(selection.admitted_tokens, dtype=np.int32)
             admitted_start = arrays.computed[admitted]  # precomputed (transferred) tokens, usually 0
-            admitted_pages = self._kv.pages_to_grow(admitted, admitted_start + admitted_tokens)
-            # One growth for all: the running tables' pages first, then the admissions'.
-            self._extend(
-                np.concatenate([slots, admitted]), np.concatenate([checked.new_pages, admitted_pages]), journal
-            )
             slots = np.concatenate([slots, admitted])
             start = np.concatenate([start, admitted_start])
             known = np.concatenate([known, arrays.known[admitted]])
