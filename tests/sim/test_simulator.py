@@ -758,12 +758,14 @@ def test_an_arrival_into_a_steady_batch_is_admitted_by_a_run() -> None:
     assert fast.steps == fast.fast_forwarded_steps
 
 
-def _stopped_early_both_ways(workload: Workload | ClosedLoop, **options: object) -> tuple[SimResult, SimResult]:
+def _stopped_early_both_ways(
+    workload: Workload | ClosedLoop, policy: str = "orca", **options: object
+) -> tuple[SimResult, SimResult]:
     """The run with fast-forward and stepping, held to one another where stepping leaves steps when it stops."""
     runs = [
         simulate(
             workload,
-            load_policy("orca", PolicyOptions(max_model_len=8192, enable_prefix_caching=False)),
+            load_policy(policy, PolicyOptions(max_model_len=8192, chunk_size=256, enable_prefix_caching=False)),
             Deployment(hardware="A100-80GB", model="llama-3-70b", tensor_parallel=2, max_model_len=8192),
             fast_forward=fast,
             ttft_slo_s=0.05,
@@ -797,6 +799,27 @@ class TestStoppedEarly:
         assert fast.metrics.gaps is not None
         assert len(fast.metrics.gaps.end_s) == 2  # the decodes that ended before the second miss
         assert any(w.runs for w in fast.workers)
+
+    def test_a_cut_leaves_the_step_in_flight_to_be_recorded_when_it_ends(self) -> None:
+        """Each rejected arrival cuts the decode run; the second is the stop, while a step is in flight.
+
+        Committed at the cut, that step's token would be recorded at once, ahead of the stop.
+        """
+        workload = Workload("rejected", arrival_s=[0.0, 0.1, 0.2], prompt_len=[1, 9000, 9000], output_len=[148, 1, 1])
+        fast, _ = _stopped_early_both_ways(workload)
+        assert fast.metrics.gaps is not None
+        assert len(fast.metrics.gaps.end_s) == 3
+        assert fast.workers[0].runs
+
+    def test_a_cut_chunk_run_records_its_step_in_flight_when_it_ends(self) -> None:
+        """As above, in a run of prefill chunks beside a decode, cut two steps in."""
+        workload = Workload(
+            "chunked", arrival_s=[0.0, 0.0, 0.3, 0.5], prompt_len=[1, 6000, 9000, 9000], output_len=[300, 20, 1, 1]
+        )
+        fast, _ = _stopped_early_both_ways(workload, "sarathi")
+        assert fast.metrics.gaps is not None
+        assert len(fast.metrics.gaps.end_s) == 2
+        assert fast.workers[0].runs
 
     def test_a_closed_loop_records_nothing_past_the_stop(self) -> None:
         """A closed loop's runs would be committed at their start: under a miss limit they stay open instead."""

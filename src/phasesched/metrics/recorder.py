@@ -391,14 +391,21 @@ class WorkerRecorder:
         return self._leave(outcome.finished, end)
 
     def on_chunk_run(
-        self, run: ChunkRun, start: float, ends: NDArray[np.float64], finished: Iterable[FinishedRequest] = ()
+        self,
+        run: ChunkRun,
+        start: float,
+        ends: NDArray[np.float64],
+        finished: Iterable[FinishedRequest] = (),
+        *,
+        taken: int = 0,
     ) -> list[str]:
-        """Record the first ``len(ends)`` steps of ``run`` taken at once from ``start``, as :meth:`on_step` would each.
+        """Record ``len(ends)`` steps of ``run`` taken at once from ``start``, as :meth:`on_step` would each.
 
         ``finished`` are the requests the last step finished; they leave, as from :meth:`on_step`.
+        ``taken``: the run's steps recorded before these (a step may be recorded apart, when it ends).
         """
         times, count = [start, *ends.tolist()], run.num_decodes
-        if run.admitted:  # its first step's admissions: their slots end that step's slices
+        if run.admitted and not taken:  # its first step's admissions: their slots end that step's slices
             first = run.steps[0].slots
             self._load(run.admitted, first[len(first) - len(run.admitted) :].tolist())
         decodes = run.steps[0].slots[:count]
@@ -406,7 +413,7 @@ class WorkerRecorder:
             count = 0  # a decode without a first token (a prompt's last token, or a decode worker's first)
         elif count:  # a token each step: as on_decode_run records them
             self._decode_run_tokens(decodes, ends)
-        for j, step in enumerate(run.steps[: len(ends)]):
+        for j, step in enumerate(run.steps[taken : taken + len(ends)]):
             self._slices(step.slots[count:], step.samples[count:], times[j], times[j + 1])
         return self._leave(finished, times[-1])
 

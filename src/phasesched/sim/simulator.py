@@ -64,7 +64,7 @@ from phasesched.plan import StepPlan
 from phasesched.policies.policy import SchedulingPolicy
 from phasesched.prefix_cache import CacheStats
 from phasesched.request import Request
-from phasesched.scheduler import Scheduler
+from phasesched.scheduler import FinishedRequest, Scheduler
 from phasesched.sim._checks import non_negative_int, positive_int
 from phasesched.sim.closed_loop import ClosedLoop
 from phasesched.sim.deployment import Deployment, Disaggregation
@@ -159,6 +159,26 @@ class _OpenRun:
         return _pages_added(kv, self.run, _run_length(self.ends, now))
 
 
+@attrs.frozen
+class _Unrecorded:
+    """A run's step committed to its worker's scheduler but recorded only when it ends (see :meth:`Simulator._cut`)."""
+
+    run: DecodeRun | ChunkRun
+    start: float
+    ends: np.ndarray
+    """float64 ``[1]``: when the step ends."""
+    taken: int
+    """The run's steps before it (recorded already)."""
+    finished: tuple[FinishedRequest, ...]
+
+    def record(self, recorder: WorkerRecorder) -> None:
+        """Record the step, now that it has ended."""
+        if isinstance(self.run, ChunkRun):
+            recorder.on_chunk_run(self.run, self.start, self.ends, self.finished, taken=self.taken)
+        else:
+            recorder.on_decode_run(self.run, self.start, self.ends, self.finished)
+
+
 def _pages_added(kv: KVView, run: DecodeRun | ChunkRun, steps: int) -> int:
     """KV pages the first ``steps`` steps of ``run`` add, before any of them is committed."""
     if isinstance(run, ChunkRun):
@@ -202,6 +222,8 @@ class _Worker:
     """Requests a run in flight on a prefill worker has completed ahead of its end: sent on at its end."""
     open_run: _OpenRun | None = None
     """A run in flight whose steps are committed when it ends or something reaching this worker cuts it."""
+    unrecorded: _Unrecorded | None = None
+    """The last step of a run cut while it was in flight, when the simulation may stop early: recorded when it ends."""
 
     @property
     def load(self) -> int:
@@ -481,7 +503,10 @@ class Simulator:
         if len(ends) < len(open_run.ends):
             self._cancelled.add(open_run.event)
             self._push(float(ends[-1]), _Event.STEP_END, worker)
-        self._commit(worker, open_run.run, open_run.start, ends)
+        # Recorded now, the step in flight would count its tokens, a late first token (a miss) or a
+        # finish ahead of its end: stepping records it when it ends, and not if the run stops first.
+        in_flight = self.stop_after_missed is not None and ends[-1] > now
+        self._commit(worker, open_run.run, open_run.start, ends, record_last=not in_flight)
 
     def _stop_runs(self, now: float) -> None:
         """Leave the open runs as stepping leaves its steps when the run stops at ``now``.
@@ -491,6 +516,7 @@ class Simulator:
         """
         for worker in self.workers:
             open_run, worker.open_run = worker.open_run, None
+            worker.unrecorded = None  # its step, counted when it began, ends after the stop
             if open_run is None:
                 continue
             ended = int(open_run.ends.searchsorted(now, side="right"))
@@ -501,11 +527,14 @@ class Simulator:
                 worker.steps += 1
                 worker.busy_s += float(open_run.ends[ended]) - begun
 
-    def _commit(self, worker: _Worker, run: DecodeRun | ChunkRun, start: float, ends: np.ndarray) -> None:
+    def _commit(
+        self, worker: _Worker, run: DecodeRun | ChunkRun, start: float, ends: np.ndarray, *, record_last: bool = True
+    ) -> None:
         """Apply the steps of ``run`` that end at ``ends`` to the worker's scheduler, recorder and counters.
 
         Requests finishing in the last of the steps leave when it ends (:meth:`_step_end`);
         those that a run passing finishes finished earlier have left by then, and are reported now.
+        Without ``record_last``, the last step is recorded when it ends (:attr:`_Worker.unrecorded`).
         """
         kv, count = worker.scheduler.kv, len(ends)
         if isinstance(run, DecodeRun) and run.passes_finishes:
@@ -514,12 +543,32 @@ class Simulator:
         unfreed = kv.num_free_pages - _pages_added(kv, run, count)
         if isinstance(run, ChunkRun):
             finished = worker.scheduler.advance_chunks(run, count)
-            left = worker.recorder.on_chunk_run(run, start, ends, finished)
+            left = worker.recorder.on_chunk_run(run, start, ends, finished) if record_last else None
         else:
             finished = worker.scheduler.advance(run, count)
-            left = worker.recorder.on_decode_run(run, start, ends, finished)
+            left = worker.recorder.on_decode_run(run, start, ends, finished) if record_last else None
+        if left is None:
+            left = self._record_all_but_last(worker, run, start, ends, finished)
         worker.finishing_pages = kv.num_free_pages - unfreed  # freed early by the finishes
         self._committed(worker, start, ends, left)
+
+    @staticmethod
+    def _record_all_but_last(
+        worker: _Worker,
+        run: DecodeRun | ChunkRun,
+        start: float,
+        ends: np.ndarray,
+        finished: tuple[FinishedRequest, ...],
+    ) -> list[str]:
+        """Record the steps before the last, which is recorded when it ends; return the requests that leave then."""
+        taken = len(ends) - 1
+        worker.unrecorded = _Unrecorded(run, float(ends[-2]) if taken else start, ends[taken:], taken, finished)
+        if taken:  # only a run's last step finishes requests: these record none
+            if isinstance(run, ChunkRun):
+                worker.recorder.on_chunk_run(run, start, ends[:taken])
+            else:
+                worker.recorder.on_decode_run(run, start, ends[:taken])
+        return [request.request_id for request in finished]  # as recording will have them leave
 
     def _commit_past_finishes(self, worker: _Worker, run: DecodeRun, start: float, ends: np.ndarray) -> None:
         count = len(ends)
@@ -584,10 +633,18 @@ class Simulator:
                 break
         return np.array(ends, dtype=np.float64)
 
-    def _step_end(self, worker: _Worker, now: float) -> None:
+    def _end_run(self, worker: _Worker) -> None:
+        """The run in flight ends: commit it if open, or record its last step if it was cut before that ended."""
         if worker.open_run is not None:
             open_run, worker.open_run = worker.open_run, None
             self._commit(worker, open_run.run, open_run.start, open_run.ends)
+        if worker.unrecorded is not None:
+            worker.unrecorded.record(worker.recorder)
+            worker.unrecorded = None
+
+    def _step_end(self, worker: _Worker, now: float) -> None:
+        if worker.open_run is not None or worker.unrecorded is not None:
+            self._end_run(worker)
         finished_in_run, worker.busy, worker.finishing, worker.finishing_pages = worker.finishing, False, 0, 0
         if worker.plan is None:  # a run: recorded when it started; its finishes count now
             if worker.role is Role.PREFILL:
