@@ -759,7 +759,7 @@ def test_an_arrival_into_a_steady_batch_is_admitted_by_a_run() -> None:
 
 
 def _stopped_early_both_ways(
-    workload: Workload | ClosedLoop, policy: str = "orca", **options: object
+    workload: Workload | ClosedLoop, policy: str = "orca", stop_after_missed: int = 1, **options: object
 ) -> tuple[SimResult, SimResult]:
     """The run with fast-forward and stepping, held to one another where stepping leaves steps when it stops."""
     runs = [
@@ -770,7 +770,7 @@ def _stopped_early_both_ways(
             fast_forward=fast,
             ttft_slo_s=0.05,
             tpot_slo_s=0.05,
-            stop_after_missed=1,
+            stop_after_missed=stop_after_missed,
             keep_requests=True,
             keep_gaps=True,
             **options,
@@ -812,13 +812,17 @@ class TestStoppedEarly:
         assert fast.workers[0].runs
 
     def test_a_cut_chunk_run_records_its_step_in_flight_when_it_ends(self) -> None:
-        """As above, in a run of prefill chunks beside a decode, cut two steps in."""
+        """As above, in runs of prefill chunks beside a decode, cut two and three steps in.
+
+        The first decode's late first token is a miss, each rejection another: the first cut's
+        step in flight is recorded when it ends, the second's never (the stop comes first).
+        """
         workload = Workload(
-            "chunked", arrival_s=[0.0, 0.0, 0.3, 0.5], prompt_len=[1, 6000, 9000, 9000], output_len=[300, 20, 1, 1]
+            "chunked", arrival_s=[0.0, 0.0, 0.3, 0.6], prompt_len=[1, 6000, 9000, 9000], output_len=[300, 20, 1, 1]
         )
-        fast, _ = _stopped_early_both_ways(workload, "sarathi")
+        fast, _ = _stopped_early_both_ways(workload, "sarathi", stop_after_missed=2)
         assert fast.metrics.gaps is not None
-        assert len(fast.metrics.gaps.end_s) == 2
+        assert len(fast.metrics.gaps.end_s) == 6
         assert fast.workers[0].runs
 
     def test_a_closed_loop_records_nothing_past_the_stop(self) -> None:

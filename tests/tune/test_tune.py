@@ -163,7 +163,10 @@ class TestStoppingEarly:
         assert unstopped is not None
         assert (best.rate, best.verdict, best.stopped_early) == (unstopped.rate, unstopped.verdict, False)
         # A run that may stop records a cut run's step in flight on its own: sums in another order.
-        assert best.values == pytest.approx(unstopped.values, rel=1e-12)
+        inexact = {k for k in best.values if k.startswith(("mean_", "std_")) or k.endswith(("throughput", "goodput"))}
+        for key, value in best.values.items():
+            other = unstopped.values[key]
+            assert value == (pytest.approx(other, rel=1e-12) if key in inexact else other)
 
 
 class TestParallel:

@@ -503,10 +503,9 @@ class Simulator:
         if len(ends) < len(open_run.ends):
             self._cancelled.add(open_run.event)
             self._push(float(ends[-1]), _Event.STEP_END, worker)
-        # Recorded now, the step in flight would count its tokens, a late first token (a miss) or a
-        # finish ahead of its end: stepping records it when it ends, and not if the run stops first.
-        in_flight = self.stop_after_missed is not None and ends[-1] > now
-        self._commit(worker, open_run.run, open_run.start, ends, record_last=not in_flight)
+        # Recorded now, the last step begun would count its tokens, a late first token (a miss) or
+        # a finish ahead of its end: stepping records it when it ends, and not if the run stops first.
+        self._commit(worker, open_run.run, open_run.start, ends, record_last=self.stop_after_missed is None)
 
     def _stop_runs(self, now: float) -> None:
         """Leave the open runs as stepping leaves its steps when the run stops at ``now``.
@@ -538,6 +537,7 @@ class Simulator:
         """
         kv, count = worker.scheduler.kv, len(ends)
         if isinstance(run, DecodeRun) and run.passes_finishes:
+            assert record_last, "no run passes finishes where the simulation may stop early (_fast_run)"
             self._commit_past_finishes(worker, run, start, ends)
             return
         unfreed = kv.num_free_pages - _pages_added(kv, run, count)
