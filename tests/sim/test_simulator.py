@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import math
 from unittest import mock
 
@@ -17,6 +18,7 @@ from phasesched.metrics import RequestRecord, Role
 from phasesched.policies.chunking import LongPrefillThreshold
 from phasesched.policies.queue_order import ShortestRemainingPrefill
 from phasesched.sim import (
+    BlockHashes,
     ClosedLoop,
     Deployment,
     Disaggregation,
@@ -759,13 +761,18 @@ def test_an_arrival_into_a_steady_batch_is_admitted_by_a_run() -> None:
 
 
 def _stopped_early_both_ways(
-    workload: Workload | ClosedLoop, policy: str = "orca", stop_after_missed: int = 1, **options: object
+    workload: Workload | ClosedLoop,
+    policy: str = "orca",
+    stop_after_missed: int = 1,
+    *,
+    caching: bool = False,
+    **options: object,
 ) -> tuple[SimResult, SimResult]:
     """The run with fast-forward and stepping, held to one another where stepping leaves steps when it stops."""
     runs = [
         simulate(
             workload,
-            load_policy(policy, PolicyOptions(max_model_len=8192, chunk_size=256, enable_prefix_caching=False)),
+            load_policy(policy, PolicyOptions(max_model_len=8192, chunk_size=256, enable_prefix_caching=caching)),
             Deployment(hardware="A100-80GB", model="llama-3-70b", tensor_parallel=2, max_model_len=8192),
             fast_forward=fast,
             ttft_slo_s=0.05,
@@ -785,8 +792,22 @@ def _stopped_early_both_ways(
     assert fast.metrics.gaps.end_s.tolist() == slow.metrics.gaps.end_s.tolist()
     assert [(w.steps, w.busy_s) for w in fast.workers] == [(w.steps, w.busy_s) for w in slow.workers]
     assert fast.steps == slow.steps
+    assert fast.prefix_cache == slow.prefix_cache
     assert _same_up_to_rounding(fast.metrics.values, slow.metrics.values)
     return fast, slow
+
+
+def _hashed(arrival_s: list[float], prompt_len: list[int], output_len: list[int]) -> Workload:
+    """A workload whose prompts carry page hashes (16-token blocks), none shared."""
+    first = np.cumsum([0, *(-(-length // 16) for length in prompt_len)]).tolist()
+    blocks = [list(range(start, end)) for start, end in itertools.pairwise(first)]
+    return Workload(
+        "hashed",
+        arrival_s=arrival_s,
+        prompt_len=prompt_len,
+        output_len=output_len,
+        blocks=BlockHashes.from_lists(16, blocks),
+    )
 
 
 class TestStoppedEarly:
@@ -824,6 +845,28 @@ class TestStoppedEarly:
         assert fast.metrics.gaps is not None
         assert len(fast.metrics.gaps.end_s) == 6
         assert fast.workers[0].runs
+
+    def test_a_cut_step_in_flight_names_its_pages_only_when_it_ends(self) -> None:
+        """A rejected arrival cuts a prompt's chunk run and is the stop, while a chunk is in flight.
+
+        Stepping names a chunk's pages when its step is updated, after the stop here: committed
+        with the run at the cut, the chunk's 16 pages were counted as registered.
+        """
+        workload = _hashed([0.0, 0.02], [4000, 9000], [5, 1])
+        fast, _ = _stopped_early_both_ways(workload, "vllm", stop_after_missed=0, caching=True)
+        assert fast.prefix_cache.queried > 0
+        assert fast.prefix_cache.registered == 0
+
+    def test_the_stop_plans_an_open_runs_step_in_flight(self) -> None:
+        """The first prompt's late first token stops the run while the second's first chunk is in flight elsewhere.
+
+        Stepping planned that step, which looked the prompt's pages up; left uncommitted, the
+        lookup went uncounted.
+        """
+        workload = _hashed([0.0, 0.6], [2000, 1000], [5, 5])
+        fast, _ = _stopped_early_both_ways(workload, "vllm", stop_after_missed=0, caching=True, replicas=2)
+        assert fast.prefix_cache.queried == (1999 // 16 + 999 // 16) * 16  # full pages before each last token
+        assert fast.workers[1].steps == 1
 
     def test_a_closed_loop_records_nothing_past_the_stop(self) -> None:
         """A closed loop's runs would be committed at their start: under a miss limit they stay open instead."""

@@ -223,7 +223,10 @@ class _Worker:
     open_run: _OpenRun | None = None
     """A run in flight whose steps are committed when it ends or something reaching this worker cuts it."""
     unrecorded: _Unrecorded | None = None
-    """The last step of a run cut while it was in flight, when the simulation may stop early: recorded when it ends."""
+    """The last step of a run cut while it was in flight, when the simulation may stop early: recorded when it ends.
+
+    (Where prompt pages are named, the cut plans that step instead: :meth:`Simulator._cut_to_plain_step`.)
+    """
 
     @property
     def load(self) -> int:
@@ -345,6 +348,8 @@ class Simulator:
         """Sequence numbers of run-end events that a cut moved earlier."""
         self._issued = 0
         self._first_arrival: float | None = None
+        self._hashed_prompts = False
+        """Whether a request whose prompt pages carry hashes has arrived: only their pages are ever named."""
         self._last_finish = 0.0
         self._progress = 0
         """Grows whenever the state changes (an arrival, a step, a transfer landing): the watchdog's pulse."""
@@ -467,6 +472,10 @@ class Simulator:
         if worker.role is Role.DECODE:
             for request in plan.new_requests:  # its KV now has pages here: the prefill worker lets go
                 self._let_go(request.request_id, now)
+        self._run_plan(worker, plan, now)
+
+    def _run_plan(self, worker: _Worker, plan: StepPlan, now: float) -> None:
+        """Price ``plan`` and start it at ``now`` (an empty one is updated at once: it takes no time)."""
         result = worker.executor.execute(plan)
         if plan.is_empty:
             worker.scheduler.update(plan, result)
@@ -500,6 +509,9 @@ class Simulator:
         open_run, worker.open_run = worker.open_run, None
         assert open_run is not None
         ends = open_run.ends[: _run_length(open_run.ends, now)]
+        if self.stop_after_missed is not None and self._hashed_prompts and worker.scheduler.kv.prefix_caching:
+            self._cut_to_plain_step(worker, open_run, ends)
+            return
         if len(ends) < len(open_run.ends):
             self._cancelled.add(open_run.event)
             self._push(float(ends[-1]), _Event.STEP_END, worker)
@@ -507,11 +519,25 @@ class Simulator:
         # a finish ahead of its end: stepping records it when it ends, and not if the run stops first.
         self._commit(worker, open_run.run, open_run.start, ends, record_last=self.stop_after_missed is None)
 
+    def _cut_to_plain_step(self, worker: _Worker, open_run: _OpenRun, begun: np.ndarray) -> None:
+        """Commit the steps of the run that ended, and plan the one in flight (ending at ``begun[-1]``) as stepping did.
+
+        Where pages carry hashes, a step names the pages it filled when it is updated: committed
+        with the run at the cut, the step in flight would name them before a stop that falls
+        before its end, and the cache's counters would differ from stepping's.
+        """
+        self._cancelled.add(open_run.event)
+        taken, start = len(begun) - 1, open_run.start
+        if taken:  # they finish nobody (only a run's last step does): nothing leaves at their end
+            self._commit(worker, open_run.run, open_run.start, begun[:taken])
+            start = float(begun[taken - 1])
+        self._run_plan(worker, worker.scheduler.schedule(start), start)  # its admissions were let go at the start
+
     def _stop_runs(self, now: float) -> None:
         """Leave the open runs as stepping leaves its steps when the run stops at ``now``.
 
-        The steps that ended by then are committed (recorded); the one in flight counts as
-        begun, as a step does when it starts, and records nothing.
+        The steps that ended by then are committed (recorded); the one in flight is planned, as
+        stepping planned it (its lookups count), and records nothing.
         """
         for worker in self.workers:
             open_run, worker.open_run = worker.open_run, None
@@ -523,8 +549,7 @@ class Simulator:
                 self._commit(worker, open_run.run, open_run.start, open_run.ends[:ended])
             if ended < _run_length(open_run.ends, now):  # begun before the stop, still running
                 begun = open_run.start if not ended else float(open_run.ends[ended - 1])
-                worker.steps += 1
-                worker.busy_s += float(open_run.ends[ended]) - begun
+                self._run_plan(worker, worker.scheduler.schedule(begun), begun)
 
     def _commit(
         self, worker: _Worker, run: DecodeRun | ChunkRun, start: float, ends: np.ndarray, *, record_last: bool = True
@@ -694,6 +719,8 @@ class Simulator:
         """Queue ``request`` on a worker and return it, or ``None`` when it was rejected (failed)."""
         if self._first_arrival is None:
             self._first_arrival = now
+        if request.prompt_blocks is not None or request.prompt_token_ids is not None:
+            self._hashed_prompts = True
         self._progress += 1
         role = Role.PREFILL if self.link is not None else Role.BOTH
         worker = self._least_loaded(role, request.prompt_len, now)
