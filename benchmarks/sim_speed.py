@@ -18,7 +18,12 @@ weights holds about 25K tokens, so queues build up and requests are preempted):
 The table gives CPU seconds (``time.process_time``, so other processes on the machine cost
 less than in wall time), milliseconds of CPU per simulated request, steps taken and how many
 were fast-forwarded (runs of pure decodes, and runs of decodes beside ongoing prefill chunks,
-which Sarathi's 512-token chunks make common). Target: at most 0.5 ms of CPU per request
+which Sarathi's 512-token chunks make common), and the runs taken per request: a run costs
+about the same however many steps it spans, so this count, set by the workload (how often an
+arrival or a finish ends a run), is part of why one case costs more per request than another
+(the Poisson workload sits near saturation, and longer simulations of it spend more time with empty
+queues, where every arrival ends a run: 1.09 runs per request over 1,000 requests, 1.53 over
+30,000). Target: at most 0.5 ms of CPU per request
 (Vidur 0.0.26 takes about 5 ms on the same workloads), and 1,000,000 requests
 (``--scale 1000000``: the Poisson workload under ``vllm``) in under two minutes of CPU.
 ``--repeat N`` runs the cases N times, round-robin, and reports each case's run with the least
@@ -121,6 +126,7 @@ def run_case(name: str, policy: str, workload: Workload, *, profile: bool, top: 
         "cpu_ms_per_request": 1000.0 * cpu / len(workload),
         "steps": result.steps,
         "fast_forwarded_steps": result.fast_forwarded_steps,
+        "runs_per_request": sum(worker.runs for worker in result.workers) / len(workload),
         "completed": result.metrics["completed"],
         "median_ttft_ms": result.metrics["median_ttft_ms"],
         "p99_itl_ms": result.metrics["p99_itl_ms"],
@@ -151,7 +157,7 @@ def _top(profiler: cProfile.Profile, order: str, top: int) -> str:
 def print_table(rows: list[dict[str, object]]) -> None:
     header = (
         f"{'case':<16}{'policy':<9}{'requests':>10}{'CPU s':>9}{'ms/req':>8}{'wall s':>10}"
-        f"{'steps':>12}{'ff steps':>12}{'TTFT p50 s':>11}{'ITL p99 ms':>11}"
+        f"{'steps':>12}{'ff steps':>12}{'runs/req':>9}{'TTFT p50 s':>11}{'ITL p99 ms':>11}"
     )
     profiled = any(r["profiled"] for r in rows)
     repeated = any(len(r.get("runs_ms_per_request", ())) > 1 for r in rows)  # type: ignore[arg-type]
@@ -168,7 +174,7 @@ def print_table(rows: list[dict[str, object]]) -> None:
         calls = f"{r['calls_per_request']:>11,.0f}" if "calls_per_request" in r else ""
         print(
             f"{r['case']:<16}{r['policy']:<9}{r['requests']:>10,}{r['cpu_s']:>9.2f}{r['cpu_ms_per_request']:>8.3f}"
-            f"{r['wall_s']:>10.2f}{r['steps']:>12,}{r['fast_forwarded_steps']:>12,}"
+            f"{r['wall_s']:>10.2f}{r['steps']:>12,}{r['fast_forwarded_steps']:>12,}{r['runs_per_request']:>9.2f}"
             f"{r['median_ttft_ms'] / 1000:>11.1f}{r['p99_itl_ms']:>11.1f}{span}{calls}"
         )
     if repeated:

@@ -40,6 +40,19 @@ class TestCallsPerRequest:
         assert "calls/req" in capsys.readouterr().out
 
 
+class TestRunsPerRequest:
+    def test_runs_per_request_count_the_fast_forwarded_runs(self, bench: ModuleType) -> None:
+        """The runs the simulator took at once, per request, as the workers counted them."""
+        workload = synthetic(12, Poisson(1.0), 1024, 64, seed=0, name="small")
+        row = bench.run_case("small", "vllm", workload, profile=False, top=3)
+        assert row["fast_forwarded_steps"] > 0
+        assert row["runs_per_request"] > 0
+        assert (
+            row["runs_per_request"]
+            == sum(w.runs for w in bench.simulate(workload, bench.load_policy("vllm"), bench.DEPLOYMENT).workers) / 12
+        )
+
+
 class TestRepeats:
     def test_the_least_cpu_run_is_reported_with_the_range(
         self, bench: ModuleType, capsys: pytest.CaptureFixture[str]
