@@ -98,6 +98,7 @@ class WorkerStats:
     role: Role
     steps: int
     busy_s: float
+    """A fast-forwarded run adds its span at once, so this may differ from stepping's sum in the last bits."""
     runs: int = 0
 
 
@@ -225,7 +226,8 @@ class _Worker:
     unrecorded: _Unrecorded | None = None
     """The last step of a run cut while it was in flight, when the simulation may stop early: recorded when it ends.
 
-    (Where prompt pages are named, the cut plans that step instead: :meth:`Simulator._cut_to_plain_step`.)
+    (Where a chunk run may name hashed prompt pages, the cut plans that step instead:
+    :meth:`Simulator._cut_to_plain_step`.)
     """
 
     @property
@@ -504,12 +506,13 @@ class Simulator:
 
         The run ends with them, even if what arrives could not change its later steps (a queue
         that admits nobody arriving later): committed whole, it would show the routers the pages
-        those steps take before they are taken.
+        those steps take before they are taken. A chunk run that may name hashed prompt pages
+        before an early stop has its step in flight planned instead (:meth:`_cut_to_plain_step`).
         """
         open_run, worker.open_run = worker.open_run, None
         assert open_run is not None
         ends = open_run.ends[: _run_length(open_run.ends, now)]
-        if self.stop_after_missed is not None and self._hashed_prompts and worker.scheduler.kv.prefix_caching:
+        if isinstance(open_run.run, ChunkRun) and self._may_name_pages_before_a_stop(worker):
             self._cut_to_plain_step(worker, open_run, ends)
             return
         if len(ends) < len(open_run.ends):
@@ -531,7 +534,17 @@ class Simulator:
         if taken:  # they finish nobody (only a run's last step does): nothing leaves at their end
             self._commit(worker, open_run.run, open_run.start, begun[:taken])
             start = float(begun[taken - 1])
-        self._run_plan(worker, worker.scheduler.schedule(start), start)  # its admissions were let go at the start
+        plan = worker.scheduler.schedule(start)  # a run admits only in its first step, let go when the run started
+        assert not plan.is_empty, "the step in flight had work"
+        self._run_plan(worker, plan, start)
+
+    def _may_name_pages_before_a_stop(self, worker: _Worker) -> bool:
+        """Whether a step of ``worker`` committed ahead of its end could name prompt pages a stop should not see.
+
+        A decode run's steps never name pages (it applies only where no running request carries
+        token ids); without hashes or a miss limit, nothing is named or nothing stops early.
+        """
+        return self.stop_after_missed is not None and self._hashed_prompts and worker.scheduler.kv.prefix_caching
 
     def _stop_runs(self, now: float) -> None:
         """Leave the open runs as stepping leaves its steps when the run stops at ``now``.
