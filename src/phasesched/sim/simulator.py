@@ -542,7 +542,8 @@ class Simulator:
         """Whether a step of ``worker`` committed ahead of its end could name prompt pages a stop should not see.
 
         A decode run's steps never name pages (it applies only where no running request carries
-        token ids); without hashes or a miss limit, nothing is named or nothing stops early.
+        token ids). Without hashed prompts or the cache, nothing is named; without a miss limit,
+        nothing stops early.
         """
         return self.stop_after_missed is not None and self._hashed_prompts and worker.scheduler.kv.prefix_caching
 
