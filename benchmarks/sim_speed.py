@@ -18,14 +18,14 @@ weights holds about 25K tokens, so queues build up and requests are preempted):
 The table gives CPU seconds (``time.process_time``, so other processes on the machine cost
 less than in wall time), milliseconds of CPU per simulated request, steps taken and how many
 were fast-forwarded (runs of pure decodes, and runs of decodes beside ongoing prefill chunks,
-which Sarathi's 512-token chunks make common), and the runs taken per request: a run costs
+which Sarathi's 512-token chunks make common), and the runs taken per request. A run costs
 about the same however many steps it spans, so this count, set by the workload (how often an
-arrival or a finish ends a run), is part of why one case costs more per request than another
-(the Poisson workload sits near saturation, and longer simulations of it spend more time with empty
-queues, where every arrival ends a run: 1.09 runs per request over 1,000 requests, 1.53 over
-30,000). Target: at most 0.5 ms of CPU per request
-(Vidur 0.0.26 takes about 5 ms on the same workloads), and 1,000,000 requests
-(``--scale 1000000``: the Poisson workload under ``vllm``) in under two minutes of CPU.
+arrival or a finish ends a run), is part of why one case costs more per request than another.
+The Poisson workload sits near saturation, and longer simulations of it spend more time with
+empty queues, where every arrival ends a run: 1.09 runs per request over 1,000 requests, 1.53
+over 30,000. Target: at most 0.5 ms of CPU per request (Vidur 0.0.26 takes about 5 ms on the
+same workloads), and 1,000,000 requests (``--scale 1000000``: the Poisson workload under
+``vllm``) in under two minutes of CPU.
 ``--repeat N`` runs the cases N times, round-robin, and reports each case's run with the least
 CPU, with the range over the runs: on a shared machine other work only ever adds time (a busy
 neighbour made the same run take 0.62 or 1.05 ms per request minutes apart), so the least is
