@@ -344,6 +344,92 @@ TestKVMachine.settings = settings(
 )
 
 
+@given(
+    held=st.lists(st.integers(0, 6), min_size=2, max_size=8),
+    need=st.lists(st.integers(0, 2), min_size=2, max_size=8),
+    run=st.integers(1, 40),
+    idle=st.integers(0, 60),
+    spare=st.integers(0, 30),
+)
+@settings(deadline=None, max_examples=150)
+def test_extend_many_hands_out_the_pool_in_slot_order(
+    held: list[int], need: list[int], run: int, idle: int, spare: int
+) -> None:
+    """Every shape of growth takes the pool's top pages, evicting the oldest idle ones first, in slot order.
+
+    The model is the pool as a stack: evicted pages go on top in eviction order, the pages taken
+    come off the top, and table ``slots[i]`` gets the next ``need[i]`` of them. Ending ``need``
+    with a long run after single pages is the shape of decodes beside a prefill chunk, which
+    ``extend_many`` fills without a general layout; the other draws take the general path.
+    """
+    count = min(len(held), len(need))
+    held, need = held[:count], [*need[: count - 1], run]
+    kv = PagedKVManager(256, 4, enable_prefix_caching=True)
+    slots = np.array([kv.open() for _ in held], np.int32)
+    kv.extend_many(slots, np.array(held, np.int64))
+    parked = kv.open()  # pages it names, then frees: idle in the cache, evicted oldest first
+    kv.extend_many(np.array([parked], np.int32), np.array([idle], np.int64))
+    kv.register(parked, [1000 + page for page in range(idle)])
+    kv.free(parked)
+    kv.extend_many(np.array([kv.open()], np.int32), np.array([max(kv.num_free_pages - idle - spare, 0)], np.int64))
+    pool = kv._free[: kv._num_free].tolist()  # bottom to top
+    total = sum(need)
+    if total > kv.num_free_pages:
+        return
+    evicting = kv.idle_cached_pages()[: max(total - len(pool), 0)]
+    stack = pool + evicting
+    taken = stack[len(stack) - total :][::-1]
+    before = {int(slot): kv.pages(int(slot)).tolist() for slot in slots}
+    kv.extend_many(slots, np.array(need, np.int64))
+    at = 0
+    for slot, n in zip(slots.tolist(), need, strict=True):
+        assert kv.pages(slot).tolist() == before[slot] + taken[at : at + n]
+        at += n
+    assert kv.cache_stats.evictions == len(evicting)
+    kv.check_invariants()
+
+
+@given(
+    first=st.lists(st.integers(0, 3), min_size=2, max_size=6),
+    offered=st.lists(st.integers(0, 1), min_size=2, max_size=6),
+    run=st.integers(0, 12),
+    values=st.integers(1, 40),
+)
+@settings(deadline=None, max_examples=150)
+def test_register_many_names_what_registering_each_table_in_turn_names(
+    first: list[int], offered: list[int], run: int, values: int
+) -> None:
+    """Offering several tables' pages at once names the pages that offering them table by table names.
+
+    Hashes come from a small set, so some repeat within and across tables (the first copy is
+    named). Ending ``offered`` with a run after single pages is the shape of decodes beside a
+    prefill chunk, which ``register_many`` gathers without a general layout.
+    """
+    count = min(len(first), len(offered))
+    first, offered = first[:count], [*offered[: count - 1], run]
+    managers = [PagedKVManager(128, 2, enable_prefix_caching=True) for _ in range(2)]
+    hashes = [
+        [1 + (7 * table + 3 * page) % values for page in range(f + n)]
+        for table, (f, n) in enumerate(zip(first, offered, strict=True))
+    ]
+    slots = np.zeros(0, np.int32)
+    for kv in managers:
+        slots = np.array([kv.open() for _ in range(count)], np.int32)
+        kv.extend_many(slots, np.array([len(h) for h in hashes], np.int64))
+        for slot, known, pages in zip(slots.tolist(), hashes, first, strict=True):
+            kv.register(slot, known[:pages])
+    together, in_turn = managers
+    together.register_many(slots, hashes, np.array(offered, np.int64))
+    for slot, known, done, pages in zip(slots.tolist(), hashes, first, offered, strict=True):
+        in_turn.register(slot, known[done : done + pages])  # the pages offered: those after the ones named
+    prefixes = [known[:end] for known in hashes for end in range(1, len(known) + 1)]
+    assert together._cache is not None
+    assert in_turn._cache is not None
+    # The pages each prefix names, not only how many: the same pages must carry the same hashes.
+    assert [together._cache.lookup(p) for p in prefixes] == [in_turn._cache.lookup(p) for p in prefixes]
+    assert together.cache_stats == in_turn.cache_stats
+
+
 @given(st.lists(st.integers(0, 40), min_size=1, max_size=12))
 @settings(deadline=None, max_examples=50)
 def test_grow_many_equals_grow_one_by_one(lengths: list[int]) -> None:

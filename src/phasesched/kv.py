@@ -379,6 +379,9 @@ class PagedKVManager:
             return self.extend_each(slots)
         if len(slots) == 1:  # one table: an admission's prompt, or one prefill's chunk
             return self._extend_one(int(slots[0]), total)
+        last = int(need[-1])
+        if total - last == len(slots) - 1:  # one page each, then one table's run: decodes beside a chunk
+            return self._extend_each_then_one(slots, last)
         counts = self._count[slots]
         fresh, evicted = self._take_fresh(total, int((counts + need).max()))
         rows, cols = layout(slots, counts, need)  # each slot's new pages go after its last one
@@ -392,6 +395,23 @@ class PagedKVManager:
         fresh, evicted = self._take_fresh(num_pages, count + num_pages)
         self._table[slot, count : count + num_pages] = fresh
         self._count[slot] = count + num_pages
+        return evicted
+
+    def _extend_each_then_one(self, slots: Int32Array, last: int) -> Evicted | None:
+        """:meth:`extend_many` with one page for each of ``slots`` but the last, which takes ``last``.
+
+        The pages go where the general layout puts them (in slot order, each table's after its
+        last), in two assignments rather than a layout of every page.
+        """
+        counts = self._count[slots]
+        head = len(slots) - 1
+        end = int(counts[head]) + last
+        fresh, evicted = self._take_fresh(head + last, max(int(counts[:head].max()) + 1, end))
+        self._table[slots[:head], counts[:head]] = fresh[:head]
+        self._table[int(slots[head]), end - last : end] = fresh[head:]
+        counts += 1
+        counts[head] = end
+        self._count[slots] = counts
         return evicted
 
     def extend_each(self, slots: Int32Array) -> Evicted | None:
@@ -653,8 +673,13 @@ class PagedKVManager:
         first = self._hashed[slots]
         named = [h[f : f + n] for h, f, n in zip(page_hashes, first.tolist(), num_pages.tolist(), strict=True)]
         hashes = list(itertools.chain.from_iterable(named))
+        head = len(named) - 1
         if len(hashes) == len(named) and all(named):  # one page each (decodes filling a page): no layout
             pages: Int32Array = self._table[slots, first]
+        elif len(hashes) - len(named[-1]) == head and all(named[:head]):  # and one table's run: decodes beside a chunk
+            run = int(first[head])
+            tail = self._table[int(slots[head]), run : run + len(named[head])]
+            pages = np.concatenate([self._table[slots[:head], first[:head]], tail])
         else:
             lengths = np.fromiter(map(len, named), dtype=np.int64, count=len(named))
             rows, cols = layout(slots, first, lengths)
