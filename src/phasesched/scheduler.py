@@ -64,6 +64,8 @@ __all__ = ["FinishedRequest", "Scheduler", "SchedulerConfig", "StepOutcome"]
 Int32Array = NDArray[np.int32]
 _NO_SLOTS: Int32Array = np.empty(0, dtype=np.int32)
 _NO_SLOTS.flags.writeable = False
+_NO_TOKENS: NDArray[np.int64] = np.empty(0, dtype=np.int64)  # a batch-blind chunk sizer reads no batch
+_NO_TOKENS.flags.writeable = False
 _NOTHING_ELSE = CheckedSelection(Selection.empty(), _NO_SLOTS, _NO_SLOTS, np.empty(0, dtype=np.int64))
 
 
@@ -791,6 +793,7 @@ class Scheduler:
         # which holds for this path's policies): decode-first then adds nothing after the decodes.
         alone = len(core.running) == len(running) and (not len(self._waiting) or self._waiting_unseated())
         is_decode = core.trues if len(core.running) == len(running) else core.members(running)
+        others = _NO_SLOTS
         if len(core.running) < len(running):  # the others must all be prefills, as they were
             others = running[~is_decode]
             computed = arrays.computed[others]
@@ -799,6 +802,7 @@ class Scheduler:
                 if core is None:
                     return None
                 is_decode = core.members(running)
+                others = running[~is_decode]
                 alone = len(core.running) == len(running) and (not len(self._waiting) or self._waiting_unseated())
         grown, new_pages, starting = core.pages_for_step(kv)
         growth = len(grown) if starting is not None else int(new_pages.sum())
@@ -809,12 +813,15 @@ class Scheduler:
             self._extend(grown, new_pages, journal)
             self._steady = None  # it may be the core: its update is not the steady one now
             return self._mixed_step(core, _NOTHING_ELSE, starting=starting, admitted=_NO_SLOTS, new_requests=[])
-        rest = self._rest_after_decodes(now, core, is_decode, growth)
-        if rest is None:
-            return None
-        checked = check_selection(
-            rest, arrays=arrays, running=running, waiting=self._waiting, kv=kv, budget=budget, trusted=True
-        )
+        lone = len(others) == 1 and not len(self._waiting) and self._reorder is None
+        checked = self._lone_chunk(len(core.running), int(others[0]), growth) if lone else None
+        if checked is None:
+            rest = self._rest_after_decodes(now, core, is_decode, growth)
+            if rest is None:
+                return None
+            checked = check_selection(
+                rest, arrays=arrays, running=running, waiting=self._waiting, kv=kv, budget=budget, trusted=True
+            )
         admitted, new_requests = self._extend_step(grown, new_pages, checked, journal)
         self._steady = None  # it may be the core: its update is not the steady one now
         return self._mixed_step(core, checked, starting=starting, admitted=admitted, new_requests=new_requests)
@@ -847,6 +854,30 @@ class Scheduler:
         builder.take_decodes(core.running, growth)
         priority.fill_after_decodes(view, builder)
         return builder.build_rest()
+
+    def _lone_chunk(self, num_decodes: int, slot: int, growth: int) -> CheckedSelection | None:
+        """The rest of a mixed step when one prefill runs beside the decodes and nobody waits: its next chunk.
+
+        What :meth:`_rest_after_decodes` and ``check_selection`` give then (decode-first asks its
+        chunk sizer about the prefill, and nothing is left to admit), without a room, a queue
+        and a selection built for one slice. ``None`` when the chunk is empty or would not fit:
+        they are asked then.
+        """
+        arrays, kv = self._arrays, self._kv
+        computed, known = int(arrays.computed[slot]), int(arrays.known[slot])
+        prefill = PrefillCandidate(arrays.seqs[slot].request, computed, known, ongoing=True)
+        context = ChunkContext(self.policy.budget.max_num_batched_tokens - num_decodes, (), _NO_TOKENS, _NO_TOKENS)
+        size = checked_chunk(self.policy.chunker, prefill, context)
+        pages = max(kv.pages_for(computed + size) - int(kv.page_counts[slot]), 0)
+        if not size or pages > kv.num_free_pages - growth:
+            return None
+        slots, sizes = np.array([slot], dtype=np.int32), np.array([size], dtype=np.int32)
+        return CheckedSelection(
+            Selection.built(slots, sizes, (), ()),
+            np.array([computed], dtype=np.int32),
+            np.array([known], dtype=np.int32),
+            np.array([pages], dtype=np.int64),
+        )
 
     def _prefills(self, slots: Int32Array) -> list[tuple[int, Request, int, int, int]]:
         """Running ``slots`` with prefill work left, as :attr:`~phasesched.known_selection.RunningState.prefills`."""
