@@ -147,6 +147,7 @@ class _SteadyBatch:
         "running",
         "some_ids",
         "step",
+        "tail",
         "to_length",
         "trues",
         "version",
@@ -203,6 +204,8 @@ class _SteadyBatch:
         self.member: NDArray[np.bool_] = np.zeros(len(arrays.running), dtype=bool)
         self.member[running] = True
         self.ready = True
+        self.tail: _MixedTail | None = None
+        """The arrays its last mixed plan's rest fixed (see :meth:`tail_for`)."""
 
     def moving_arrays(self, last_token: Int32Array) -> tuple[Int32Array, Int32Array, Int32Array | None]:
         """The next step's context lengths, last-page lengths and input ids (``None`` unless all are known)."""
@@ -223,6 +226,35 @@ class _SteadyBatch:
             self.member = np.concatenate([self.member, np.zeros(int(slots.max()) + 1 - len(self.member), bool)])
         held: NDArray[np.bool_] = self.member[slots]
         return held
+
+    def tail_for(self, slots: Int32Array, num_new: Int32Array, samples: NDArray[np.bool_]) -> _MixedTail:
+        """A mixed plan's arrays that its rest (``slots`` computing ``num_new``, ``samples``) fixes beside the decodes.
+
+        While one prompt is chunked beside the decodes, step after step has the same rest: its
+        arrays are then the last step's, shared. The key is everything they are made of (the
+        rest's request ids and prompt lengths too), so no state object is kept alive by it.
+        """
+        arrays = self._arrays
+        ids, prompt_len = tuple(arrays.ids[slots].tolist()), arrays.prompt_len[slots]
+        key = (slots.tobytes(), num_new.tobytes(), samples.tobytes(), prompt_len.tobytes(), ids)
+        tail = self.tail
+        if tail is not None and tail.key == key:
+            return tail
+        n = len(self.running)
+        qo_indptr = np.empty(n + len(slots) + 1, dtype=np.int32)
+        qo_indptr[: n + 1] = self.qo_indptr
+        num_new.cumsum(out=qo_indptr[n + 1 :])
+        qo_indptr[n + 1 :] += n
+        tail = self.tail = _MixedTail(
+            key,
+            _frozen(np.concatenate([self.running, slots])),
+            _frozen(np.concatenate([self.ones, num_new])),
+            _frozen(np.concatenate([self.prompt_len, prompt_len])),
+            _frozen(np.concatenate([self.trues, samples])),  # type: ignore[arg-type]
+            _frozen(qo_indptr),
+            self.request_ids + ids,
+        )
+        return tail
 
     def pages_for_step(self, kv: PagedKVManager) -> tuple[Int32Array, NDArray[np.int64], Int32Array | None]:
         """The slots that grow in the next step, the pages each takes, and which of the batch they are.
@@ -294,6 +326,19 @@ class _SteadyBatch:
         _frozen(out)
         self.kv_indptr, self.kv_indices = _frozen(indptr), out[: int(indptr[-1])]
         return out
+
+
+class _MixedTail(NamedTuple):
+    """The arrays of a mixed plan that its decodes and its rest fix (internal; see :meth:`_SteadyBatch.tail_for`)."""
+
+    key: tuple[bytes, bytes, bytes, bytes, tuple[str, ...]]
+    """The rest's slots, token counts, samples, prompt lengths and request ids."""
+    slots: Int32Array
+    num_new: Int32Array
+    prompt_len: Int32Array
+    samples: NDArray[np.bool_]
+    qo_indptr: Int32Array
+    request_ids: tuple[str, ...]
 
 
 class _GroupGrowth(NamedTuple):
@@ -977,30 +1022,21 @@ class Scheduler:
             start = np.concatenate([start, arrays.computed[admitted]])
             known = np.concatenate([known, arrays.known[admitted]])
             num_new = np.concatenate([num_new, tokens])
-        n, size = len(core.running), kv.page_size
+        size = kv.page_size
         indptr, indices = kv.gather(slots, kv.page_counts[slots])
         kv_indices = core.grow_tables(kv, starting, indices)
         assert core.kv_indptr is not None
         if len(slots):
             rest_len = start + num_new
-            qo_indptr = np.empty(n + len(slots) + 1, dtype=np.int32)
-            qo_indptr[: n + 1] = core.qo_indptr
-            num_new.cumsum(out=qo_indptr[n + 1 :])
-            qo_indptr[n + 1 :] += n
+            tail = core.tail_for(slots, num_new, rest_len == known)
             kv_len = np.concatenate([core.next_start + 1, rest_len])
             last_page_len = (kv_len - 1) % size
             last_page_len += 1
-            slots, start, num_new, prompt_len, samples, kv_indptr, positions = (
-                np.concatenate([core.running, slots]),
-                np.concatenate([core.next_start, start]),
-                np.concatenate([core.ones, num_new]),
-                np.concatenate([core.prompt_len, arrays.prompt_len[slots]]),
-                np.concatenate([core.trues, rest_len == known]),
-                np.concatenate([core.kv_indptr, indptr[1:] + core.kv_indptr[-1]]),
-                core.next_start,  # the decodes' part: the rest is written below
-            )
-            request_ids = core.request_ids + tuple(arrays.ids[slots[n:]].tolist())
-            positions, input_ids = self._rest_tokens(core, slots[n:], start[n:], num_new[n:], known)
+            positions, input_ids = self._rest_tokens(core, slots, start, num_new, known)
+            start = np.concatenate([core.next_start, start])
+            kv_indptr = np.concatenate([core.kv_indptr, indptr[1:] + core.kv_indptr[-1]])
+            slots, num_new, prompt_len, samples = tail.slots, tail.num_new, tail.prompt_len, tail.samples
+            qo_indptr, request_ids = tail.qo_indptr, tail.request_ids
         else:  # the decodes alone: the steady step's plan
             qo_indptr, request_ids = core.qo_indptr, core.request_ids
             kv_len, last_page_len, input_ids = core.moving_arrays(arrays.last_token)
@@ -1016,12 +1052,12 @@ class Scheduler:
         plan = StepPlan(
             step_id=self._next_step,
             request_ids=request_ids,
-            slots=_frozen(slots),
+            slots=slots,
             start=_frozen(start),
-            num_new=_frozen(num_new),
-            prompt_len=_frozen(prompt_len),
-            samples=samples if samples is core.trues else _frozen(samples),  # type: ignore[arg-type]
-            qo_indptr=_frozen(qo_indptr),
+            num_new=num_new,
+            prompt_len=prompt_len,
+            samples=samples,
+            qo_indptr=qo_indptr,
             kv_indptr=_frozen(kv_indptr),
             kv_indices=kv_indices,
             kv_last_page_len=_frozen(last_page_len),
