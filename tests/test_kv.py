@@ -8,6 +8,7 @@ import itertools
 import mmap
 import os
 import pickle
+import random
 import types
 
 import numpy as np
@@ -350,10 +351,11 @@ TestKVMachine.settings = settings(
     run=st.integers(1, 40),
     idle=st.integers(0, 60),
     spare=st.integers(0, 30),
+    shuffle=st.randoms(use_true_random=False),
 )
 @settings(deadline=None, max_examples=150)
 def test_extend_many_hands_out_the_pool_in_slot_order(
-    held: list[int], need: list[int], run: int, idle: int, spare: int
+    held: list[int], need: list[int], run: int, idle: int, spare: int, shuffle: random.Random
 ) -> None:
     """Every shape of growth takes the pool's top pages, evicting the oldest idle ones first, in slot order.
 
@@ -365,7 +367,9 @@ def test_extend_many_hands_out_the_pool_in_slot_order(
     count = min(len(held), len(need))
     held, need = held[:count], [*need[: count - 1], run]
     kv = PagedKVManager(256, 4, enable_prefix_caching=True)
-    slots = np.array([kv.open() for _ in held], np.int32)
+    opened = [kv.open() for _ in held]
+    shuffle.shuffle(opened)  # tables in any order, not only as they were opened
+    slots = np.array(opened, np.int32)
     kv.extend_many(slots, np.array(held, np.int64))
     parked = kv.open()  # pages it names, then frees: idle in the cache, evicted oldest first
     kv.extend_many(np.array([parked], np.int32), np.array([idle], np.int64))
@@ -394,16 +398,18 @@ def test_extend_many_hands_out_the_pool_in_slot_order(
     offered=st.lists(st.integers(0, 1), min_size=2, max_size=6),
     run=st.integers(0, 12),
     values=st.integers(1, 40),
+    unknown=st.lists(st.integers(0, 2), min_size=6, max_size=6),
 )
 @settings(deadline=None, max_examples=150)
 def test_register_many_names_what_registering_each_table_in_turn_names(
-    first: list[int], offered: list[int], run: int, values: int
+    first: list[int], offered: list[int], run: int, values: int, unknown: list[int]
 ) -> None:
     """Offering several tables' pages at once names the pages that offering them table by table names.
 
     Hashes come from a small set, so some repeat within and across tables (the first copy is
     named). Ending ``offered`` with a run after single pages is the shape of decodes beside a
-    prefill chunk, which ``register_many`` gathers without a general layout.
+    prefill chunk, which ``register_many`` gathers without a general layout. A table's last
+    ``unknown`` pages offered have no hash (content past what is known): they stay unnamed.
     """
     count = min(len(first), len(offered))
     first, offered = first[:count], [*offered[: count - 1], run]
@@ -418,10 +424,12 @@ def test_register_many_names_what_registering_each_table_in_turn_names(
         kv.extend_many(slots, np.array([len(h) for h in hashes], np.int64))
         for slot, known, pages in zip(slots.tolist(), hashes, first, strict=True):
             kv.register(slot, known[:pages])
+    cuts = zip(hashes, unknown[:count], first, strict=True)
+    hashes = [known[: max(len(known) - cut, done)] for known, cut, done in cuts]
     together, in_turn = managers
     together.register_many(slots, hashes, np.array(offered, np.int64))
     for slot, known, done, pages in zip(slots.tolist(), hashes, first, offered, strict=True):
-        in_turn.register(slot, known[done : done + pages])  # the pages offered: those after the ones named
+        in_turn.register(slot, known[done : done + pages], pages)  # the pages offered: those after the ones named
     prefixes = [known[:end] for known in hashes for end in range(1, len(known) + 1)]
     assert together._cache is not None
     assert in_turn._cache is not None

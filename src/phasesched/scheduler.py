@@ -34,7 +34,14 @@ from phasesched.errors import (
 )
 from phasesched.executor import StepResult
 from phasesched.journal import Journal
-from phasesched.known_selection import RunningState, StepRoom, Victims, decode_first_selection, selection_after_decodes
+from phasesched.known_selection import (
+    NO_BATCH,
+    RunningState,
+    StepRoom,
+    Victims,
+    decode_first_selection,
+    selection_after_decodes,
+)
 from phasesched.kv import Claim, HeldKV, KVView, PagedKVManager
 from phasesched.plan import StepPlan, build_step_plan, token_positions
 from phasesched.policies.builder import BATCH_BLIND_CHUNKERS, BatchBuilder, checked_chunk
@@ -64,8 +71,6 @@ __all__ = ["FinishedRequest", "Scheduler", "SchedulerConfig", "StepOutcome"]
 Int32Array = NDArray[np.int32]
 _NO_SLOTS: Int32Array = np.empty(0, dtype=np.int32)
 _NO_SLOTS.flags.writeable = False
-_NO_TOKENS: NDArray[np.int64] = np.empty(0, dtype=np.int64)  # a batch-blind chunk sizer reads no batch
-_NO_TOKENS.flags.writeable = False
 _NOTHING_ELSE = CheckedSelection(Selection.empty(), _NO_SLOTS, _NO_SLOTS, np.empty(0, dtype=np.int64))
 
 
@@ -134,6 +139,7 @@ class _SteadyBatch:
         "id_index",
         "kv_indices",
         "kv_indptr",
+        "last_fixed",
         "last_page_lens",
         "max_start",
         "member",
@@ -147,7 +153,6 @@ class _SteadyBatch:
         "running",
         "some_ids",
         "step",
-        "tail",
         "to_length",
         "trues",
         "version",
@@ -204,8 +209,8 @@ class _SteadyBatch:
         self.member: NDArray[np.bool_] = np.zeros(len(arrays.running), dtype=bool)
         self.member[running] = True
         self.ready = True
-        self.tail: _MixedTail | None = None
-        """The arrays its last mixed plan's rest fixed (see :meth:`tail_for`)."""
+        self.last_fixed: _FixedArrays | None = None
+        """Its last mixed plan's arrays that the decodes and the rest fix (see :meth:`fixed_arrays`)."""
 
     def moving_arrays(self, last_token: Int32Array) -> tuple[Int32Array, Int32Array, Int32Array | None]:
         """The next step's context lengths, last-page lengths and input ids (``None`` unless all are known)."""
@@ -227,7 +232,7 @@ class _SteadyBatch:
         held: NDArray[np.bool_] = self.member[slots]
         return held
 
-    def tail_for(self, slots: Int32Array, num_new: Int32Array, samples: NDArray[np.bool_]) -> _MixedTail:
+    def fixed_arrays(self, slots: Int32Array, num_new: Int32Array, samples: NDArray[np.bool_]) -> _FixedArrays:
         """A mixed plan's arrays that its rest (``slots`` computing ``num_new``, ``samples``) fixes beside the decodes.
 
         While one prompt is chunked beside the decodes, step after step has the same rest: its
@@ -237,15 +242,15 @@ class _SteadyBatch:
         arrays = self._arrays
         ids, prompt_len = tuple(arrays.ids[slots].tolist()), arrays.prompt_len[slots]
         key = (slots.tobytes(), num_new.tobytes(), samples.tobytes(), prompt_len.tobytes(), ids)
-        tail = self.tail
-        if tail is not None and tail.key == key:
-            return tail
+        fixed = self.last_fixed
+        if fixed is not None and fixed.key == key:
+            return fixed
         n = len(self.running)
         qo_indptr = np.empty(n + len(slots) + 1, dtype=np.int32)
         qo_indptr[: n + 1] = self.qo_indptr
         num_new.cumsum(out=qo_indptr[n + 1 :])
         qo_indptr[n + 1 :] += n
-        tail = self.tail = _MixedTail(
+        fixed = self.last_fixed = _FixedArrays(
             key,
             _frozen(np.concatenate([self.running, slots])),
             _frozen(np.concatenate([self.ones, num_new])),
@@ -254,7 +259,7 @@ class _SteadyBatch:
             _frozen(qo_indptr),
             self.request_ids + ids,
         )
-        return tail
+        return fixed
 
     def pages_for_step(self, kv: PagedKVManager) -> tuple[Int32Array, NDArray[np.int64], Int32Array | None]:
         """The slots that grow in the next step, the pages each takes, and which of the batch they are.
@@ -328,8 +333,8 @@ class _SteadyBatch:
         return out
 
 
-class _MixedTail(NamedTuple):
-    """The arrays of a mixed plan that its decodes and its rest fix (internal; see :meth:`_SteadyBatch.tail_for`)."""
+class _FixedArrays(NamedTuple):
+    """The arrays of a mixed plan that its decodes and rest fix (internal; see :meth:`_SteadyBatch.fixed_arrays`)."""
 
     key: tuple[bytes, bytes, bytes, bytes, tuple[str, ...]]
     """The rest's slots, token counts, samples, prompt lengths and request ids."""
@@ -904,14 +909,14 @@ class Scheduler:
         """The rest of a mixed step when one prefill runs beside the decodes and nobody waits: its next chunk.
 
         What :meth:`_rest_after_decodes` and ``check_selection`` give then (decode-first asks its
-        chunk sizer about the prefill, and nothing is left to admit), without a room, a queue
-        and a selection built for one slice. ``None`` when the chunk is empty or would not fit:
-        they are asked then.
+        chunk sizer about the prefill, and nothing is left to admit), without the room, the
+        queue's candidates and the checks' lookups. ``None`` when the chunk is empty or would
+        not fit: they are asked then.
         """
         arrays, kv = self._arrays, self._kv
         computed, known = int(arrays.computed[slot]), int(arrays.known[slot])
         prefill = PrefillCandidate(arrays.seqs[slot].request, computed, known, ongoing=True)
-        context = ChunkContext(self.policy.budget.max_num_batched_tokens - num_decodes, (), _NO_TOKENS, _NO_TOKENS)
+        context = ChunkContext(self.policy.budget.max_num_batched_tokens - num_decodes, (), NO_BATCH, NO_BATCH)
         size = checked_chunk(self.policy.chunker, prefill, context)
         pages = max(kv.pages_for(computed + size) - int(kv.page_counts[slot]), 0)
         if not size or pages > kv.num_free_pages - growth:
@@ -1028,15 +1033,15 @@ class Scheduler:
         assert core.kv_indptr is not None
         if len(slots):
             rest_len = start + num_new
-            tail = core.tail_for(slots, num_new, rest_len == known)
+            fixed = core.fixed_arrays(slots, num_new, rest_len == known)
             kv_len = np.concatenate([core.next_start + 1, rest_len])
             last_page_len = (kv_len - 1) % size
             last_page_len += 1
             positions, input_ids = self._rest_tokens(core, slots, start, num_new, known)
             start = np.concatenate([core.next_start, start])
             kv_indptr = np.concatenate([core.kv_indptr, indptr[1:] + core.kv_indptr[-1]])
-            slots, num_new, prompt_len, samples = tail.slots, tail.num_new, tail.prompt_len, tail.samples
-            qo_indptr, request_ids = tail.qo_indptr, tail.request_ids
+            slots, num_new, prompt_len, samples = fixed.slots, fixed.num_new, fixed.prompt_len, fixed.samples
+            qo_indptr, request_ids = fixed.qo_indptr, fixed.request_ids
         else:  # the decodes alone: the steady step's plan
             qo_indptr, request_ids = core.qo_indptr, core.request_ids
             kv_len, last_page_len, input_ids = core.moving_arrays(arrays.last_token)
