@@ -446,6 +446,7 @@ class TestProfile:
         assert metadata["executor"] == "torch"
         assert metadata["model"] == "tiny"
         assert metadata["device"] == "cpu"
+        assert metadata["hardware"] == "cpu"  # the executor's device_name (a GPU's own name on CUDA)
         assert all(p.step_time_s > 0 for p in points if p.prefill_tokens or p.decode_seqs)
         ProfiledCostModel.from_csv(path)
 

@@ -19,7 +19,7 @@ import attrs
 from phasesched import __version__
 from phasesched.costmodel.batching import decode_batching_from_metadata
 from phasesched.costmodel.coverage import GridCoverage
-from phasesched.costmodel.hardware import HARDWARE_PRESETS
+from phasesched.costmodel.hardware import HARDWARE_PRESETS, same_hardware
 from phasesched.costmodel.models import MODEL_PRESETS
 from phasesched.costmodel.profiled import ProfiledCostModel, read_profile_csv
 from phasesched.errors import InvalidArgumentError
@@ -245,7 +245,7 @@ def coverage_report(deployment: Deployment) -> dict[str, Any] | None:
 def _profile_names(metadata: dict[str, str], names: dict[str, str], *, allow: bool, path: Path) -> dict[str, str]:
     """The deployment's names, checked against the profile's recorded ones."""
     recorded = {"hardware": metadata.get("hardware") or metadata.get("device"), "model": metadata.get("model")}
-    differ = {k: v for k, v in recorded.items() if v is not None and v.lower() != names[k].lower()}
+    differ = {k: v for k, v in recorded.items() if v is not None and not _same_name(k, v, names[k])}
     if not differ:
         return names
     what = ", ".join(f"{k} {v!r} (the run says {names[k]!r})" for k, v in differ.items())
@@ -256,6 +256,11 @@ def _profile_names(metadata: dict[str, str], names: dict[str, str], *, allow: bo
         )
         raise InvalidArgumentError(msg)
     return {**names, **differ}
+
+
+def _same_name(kind: str, recorded: str, name: str) -> bool:
+    """Whether a profile's recorded hardware or model is the run's (a GPU names itself ``NVIDIA H200``)."""
+    return same_hardware(recorded, name) if kind == "hardware" else recorded.lower() == name.lower()
 
 
 def synthetic_workload(args: argparse.Namespace, count: int, rate: float, seed: int) -> Workload:

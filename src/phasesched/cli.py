@@ -52,7 +52,7 @@ from phasesched._cli_tune import add_tune
 from phasesched.costmodel.batching import METADATA_KEY, RAGGED
 from phasesched.costmodel.models import model_by_name
 from phasesched.costmodel.profiled import write_profile_csv
-from phasesched.costmodel.profiling import ProfileGrid, Profiler
+from phasesched.costmodel.profiling import ProfileGrid, Profiler, device_name_of
 from phasesched.costmodel.vidur import read_vidur
 from phasesched.errors import InvalidArgumentError, PhaseschedError
 from phasesched.experiments.conclusions import conclusion, slo_line
@@ -486,9 +486,11 @@ def _profile(args: argparse.Namespace) -> int:
                 revisit_decodes=args.passes > 1,
                 progress=functools.partial(ui, f"profile pass {number}/{args.passes}"),
             )
+    hardware = device_name_of(executor)
     metadata = {
         "executor": args.executor,
         **{key: str(value) for key, value in options.items()},
+        **({"hardware": hardware} if hardware else {}),  # where the times were measured
         "repeats": str(args.repeats),
         "warmup": str(args.warmup),
         "passes": str(args.passes),

@@ -17,6 +17,7 @@ from phasesched import load_policy
 from phasesched.cli import main
 from phasesched.costmodel import ProfiledCostModel, ProfilePoint, write_profile_csv
 from phasesched.costmodel.coverage import GridCoverage
+from phasesched.costmodel.hardware import same_hardware
 from phasesched.errors import InvalidArgumentError
 from phasesched.experiments.context import ExperimentContext
 from phasesched.parallel import map_tasks
@@ -325,6 +326,38 @@ class TestProfileMismatch:
         assert "hardware 'cpu'" in err
         assert "model 'tiny'" in err
         assert "--allow-profile-mismatch" in err
+
+    def test_a_gpu_named_as_it_names_itself_is_its_preset(self, tmp_path: Path) -> None:
+        """A profile recorded on ``NVIDIA H200`` prices an H200 run; a CUDA device alone or another GPU does not.
+
+        ``phasesched profile`` records the device's own name (the GPU check's profile, recorded
+        as ``cuda`` before it did, was refused on the H200 it was measured on).
+        """
+        points = [ProfilePoint(p, 0, d, 64, 1e-3 + 1e-6 * p + 1e-5 * d) for p in (0, 512) for d in (0, 8)]
+        args = ["bench", "prefill", "--quick", "--no-plots", "--quiet", "--model", "llama-3-8b", "--num-pages", "4096"]
+        for recorded, accepted in (("NVIDIA H200", True), ("cuda", False), ("NVIDIA H100 80GB HBM3", False)):
+            path = tmp_path / f"{recorded}.csv"
+            metadata = {"executor": "flashinfer", "model": "llama-3-8b", "device": "cuda", "hardware": recorded}
+            write_profile_csv(path, points, metadata)
+            out = tmp_path / f"out-{recorded}"
+            assert (main([*args, "--output", str(out), "--cost-model", str(path)]) == 0) is accepted, recorded
+
+    @pytest.mark.parametrize(
+        ("recorded", "name", "same"),
+        [
+            ("NVIDIA H200", "H200", True),
+            ("NVIDIA H100 80GB HBM3", "H100-SXM", True),
+            ("NVIDIA A100-SXM4-80GB", "A100-80GB", True),
+            ("h200", "H200", True),
+            ("NVIDIA H200", "H100-SXM", False),
+            ("NVIDIA GH200 480GB", "H200", False),
+            ("cuda", "H200", False),
+            ("cpu", "H200", False),
+        ],
+    )
+    def test_same_hardware(self, recorded: str, name: str, same: bool) -> None:
+        """A device's own name matches the preset whose model number is one of its words, and nothing else."""
+        assert same_hardware(recorded, name) is same
 
     def test_allowed_takes_the_profiles_names(self, tmp_path: Path) -> None:
         """With permission (and explicit KV pages) the run and results.json name the profiled setup."""

@@ -595,7 +595,21 @@ def section_profile(rig: Rig, out_dir: Path) -> dict[str, Any]:
     points, metadata = read_profile_csv(path)
     ProfiledCostModel.from_csv(path)
     with tempfile.TemporaryDirectory() as scratch:
-        bench = ["bench", "decode", "--cost-model", str(path), "--quick", "--no-plots", "--quiet", "--output", scratch]
+        # The GPU's profile names its hardware (NVIDIA H200), which bench's default must accept;
+        # the CPU stand-in's says cpu, which no preset is (nor gives the KV pages).
+        mismatch = ["--allow-profile-mismatch", "--num-pages", "4096"] if rig.stand_in else []
+        bench = [
+            "bench",
+            "decode",
+            "--cost-model",
+            str(path),
+            *mismatch,
+            "--quick",
+            "--no-plots",
+            "--quiet",
+            "--output",
+            scratch,
+        ]
         bench_status, bench_printed = run_cli(bench)
     out |= {
         "csv": path.name,

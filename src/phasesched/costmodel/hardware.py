@@ -14,6 +14,7 @@ Sources:
 
 from __future__ import annotations
 
+import re
 import types
 from collections.abc import Mapping
 
@@ -21,7 +22,7 @@ import attrs
 
 from phasesched.errors import InvalidArgumentError, UnknownNameError
 
-__all__ = ["HARDWARE_PRESETS", "Hardware", "hardware_by_name"]
+__all__ = ["HARDWARE_PRESETS", "Hardware", "hardware_by_name", "same_hardware"]
 
 
 def _positive(_: object, attribute: attrs.Attribute[float], value: float) -> None:
@@ -164,3 +165,17 @@ def hardware_by_name(name: str) -> Hardware:
             return hardware
     msg = f"no hardware preset named {name!r}; known: {', '.join(HARDWARE_PRESETS)}"
     raise UnknownNameError(msg)
+
+
+def same_hardware(recorded: str, name: str) -> bool:
+    """Whether a profile recorded on ``recorded`` was measured on the hardware called ``name``.
+
+    ``recorded`` is a preset's name, or the name the device gives itself (``NVIDIA H200``, as
+    ``phasesched profile`` records it): that matches a preset whose model number (the name
+    before its first ``-``) is one of its words. Anything else must be equal, ignoring case.
+    """
+    if recorded.lower() == name.lower():
+        return True
+    if not any(known.lower() == name.lower() for known in HARDWARE_PRESETS):
+        return False
+    return name.split("-", 1)[0].lower() in re.split(r"[\s\-_]+", recorded.lower())

@@ -15,6 +15,7 @@ import math
 import os
 import statistics
 from collections.abc import Callable, Iterator, Mapping
+from typing import Protocol, runtime_checkable
 
 import attrs
 import numpy as np
@@ -28,10 +29,32 @@ from phasesched.kv import PagedKVManager
 from phasesched.plan import StepPlan, build_step_plan
 from phasesched.request import Request
 
-__all__ = ["ProfileGrid", "Profiler", "ProfilingError", "profile_executor"]
+__all__ = ["DeclaresDevice", "ProfileGrid", "Profiler", "ProfilingError", "device_name_of", "profile_executor"]
 
 _Shape = tuple[int, int, int, int]
 Int32Array = NDArray[np.int32]
+
+
+@runtime_checkable
+class DeclaresDevice(Protocol):
+    """An executor that names the device it runs on, which ``phasesched profile`` records as the hardware.
+
+    A profile says where its times were measured, so a run priced with it on other hardware is
+    refused (``--allow-profile-mismatch`` overrides); a bare ``cuda`` would match no GPU.
+    """
+
+    @property
+    def device_name(self) -> str:
+        """The device as it names itself (``NVIDIA H200``), or ``cpu``."""
+        ...
+
+
+def device_name_of(executor: object) -> str | None:
+    """The device ``executor`` declares it runs on (:class:`DeclaresDevice`), or ``None``."""
+    if not isinstance(executor, DeclaresDevice):
+        return None
+    name: object = executor.device_name  # a plugin's claim, checked at run time
+    return name if isinstance(name, str) and name else None
 
 
 class ProfilingError(PhaseschedError, RuntimeError):

@@ -121,6 +121,15 @@ class TorchExecutor:
         return DECODE_BATCHING
 
     @property
+    def device_name(self) -> str:
+        """The device the model runs on, as it names itself (``NVIDIA H200``), or ``cpu`` (``DeclaresDevice``).
+
+        ``phasesched profile`` records it as the profile's hardware.
+        """
+        device = self.model.device
+        return torch.cuda.get_device_name(device) if device.type == "cuda" else device.type
+
+    @property
     def last_logits(self) -> StepLogits | None:
         """The logits of the most recent non-empty step (no rows if none of its slices sampled), or ``None``."""
         return self._last_logits
