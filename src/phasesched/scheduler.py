@@ -35,7 +35,6 @@ from phasesched.errors import (
 from phasesched.executor import StepResult
 from phasesched.journal import Journal
 from phasesched.known_selection import (
-    NO_BATCH,
     RunningState,
     StepRoom,
     Victims,
@@ -58,7 +57,7 @@ from phasesched.policies.preemption import LatestArrival, PreemptionPolicy
 from phasesched.policies.priority import EVERY_DECODE_PRIORITIES, DecodeFirst, EqualProgress, PrefillFirst
 from phasesched.policies.queue_order import FCFS, CacheAwareOrder, rerank
 from phasesched.prefix import ROOT_HASH, block_page_hashes, extend_page_hashes
-from phasesched.request import FinishReason, Request, RequestStatus, decodes_next
+from phasesched.request import FinishReason, Phase, Request, RequestStatus, decodes_next, phase_of
 from phasesched.running import RunningArrays
 from phasesched.selection import CheckedSelection, Selection, check_selection
 from phasesched.sequence import SequenceState
@@ -127,6 +126,7 @@ class _SteadyBatch:
         "_arrays",
         "_nameable",
         "_naming",
+        "_split",
         "all_ids",
         "any_eos",
         "any_stop",
@@ -211,6 +211,8 @@ class _SteadyBatch:
         self.ready = True
         self.last_fixed: _FixedArrays | None = None
         """Its last mixed plan's arrays that the decodes and the rest fix (see :meth:`fixed_arrays`)."""
+        self._split: tuple[Int32Array, NDArray[np.bool_], Int32Array] | None = None
+        """The last :meth:`split`: the running slots asked about, which of them it holds, the others."""
 
     def moving_arrays(self, last_token: Int32Array) -> tuple[Int32Array, Int32Array, Int32Array | None]:
         """The next step's context lengths, last-page lengths and input ids (``None`` unless all are known)."""
@@ -231,6 +233,20 @@ class _SteadyBatch:
             self.member = np.concatenate([self.member, np.zeros(int(slots.max()) + 1 - len(self.member), bool)])
         held: NDArray[np.bool_] = self.member[slots]
         return held
+
+    def split(self, running: Int32Array) -> tuple[NDArray[np.bool_], Int32Array]:
+        """Which of ``running`` the batch holds, and the others, in order.
+
+        The scheduler replaces its running slots' array whenever they change, so while mixed
+        steps go on beside the same requests the answer is the last one's.
+        """
+        split = self._split
+        if split is not None and split[0] is running:
+            return split[1], split[2]
+        is_decode = self.members(running)
+        others: Int32Array = running[~is_decode]
+        self._split = running, is_decode, others
+        return is_decode, others
 
     def fixed_arrays(self, slots: Int32Array, num_new: Int32Array, samples: NDArray[np.bool_]) -> _FixedArrays:
         """A mixed plan's arrays that its rest (``slots`` computing ``num_new``, ``samples``) fixes beside the decodes.
@@ -842,18 +858,13 @@ class Scheduler:
         # Every running request decodes and nobody waiting can be seated (see _seated_steady,
         # which holds for this path's policies): decode-first then adds nothing after the decodes.
         alone = len(core.running) == len(running) and (not len(self._waiting) or self._waiting_unseated())
-        is_decode = core.trues if len(core.running) == len(running) else core.members(running)
-        others = _NO_SLOTS
-        if len(core.running) < len(running):  # the others must all be prefills, as they were
-            others = running[~is_decode]
-            computed = arrays.computed[others]
-            if np.count_nonzero(decodes_next(computed, arrays.known[others], arrays.prompt_len[others])):
-                core = self._rebuilt_core()  # a prefill completed: it decodes now
-                if core is None:
-                    return None
-                is_decode = core.members(running)
-                others = running[~is_decode]
-                alone = len(core.running) == len(running) and (not len(self._waiting) or self._waiting_unseated())
+        is_decode, others = (core.trues, _NO_SLOTS) if len(core.running) == len(running) else core.split(running)
+        if len(others) and self._decodes_among(others):  # the others must all be prefills, as they were
+            core = self._rebuilt_core()  # a prefill completed: it decodes now
+            if core is None:
+                return None
+            is_decode, others = core.split(running)
+            alone = len(core.running) == len(running) and (not len(self._waiting) or self._waiting_unseated())
         grown, new_pages, starting = core.pages_for_step(kv)
         growth = len(grown) if starting is not None else int(new_pages.sum())
         budget = self.policy.budget
@@ -863,8 +874,8 @@ class Scheduler:
             self._extend(grown, new_pages, journal)
             self._steady = None  # it may be the core: its update is not the steady one now
             return self._mixed_step(core, _NOTHING_ELSE, starting=starting, admitted=_NO_SLOTS, new_requests=[])
-        lone = len(others) == 1 and not len(self._waiting) and self._reorder is None
-        checked = self._lone_chunk(len(core.running), int(others[0]), growth) if lone else None
+        limit = self._chunk_limit if len(others) == 1 and not len(self._waiting) and self._reorder is None else None
+        checked = None if limit is None else self._lone_chunk(len(core.running), others, growth, limit)
         if checked is None:
             rest = self._rest_after_decodes(now, core, is_decode, growth)
             if rest is None:
@@ -905,25 +916,34 @@ class Scheduler:
         priority.fill_after_decodes(view, builder)
         return builder.build_rest()
 
-    def _lone_chunk(self, num_decodes: int, slot: int, growth: int) -> CheckedSelection | None:
-        """The rest of a mixed step when one prefill runs beside the decodes and nobody waits: its next chunk.
+    def _decodes_among(self, slots: Int32Array) -> bool:
+        """Whether one of running ``slots`` decodes next (:func:`~phasesched.request.decodes_next`)."""
+        arrays = self._arrays
+        if len(slots) == 1:  # one prefill beside the decodes: the rule on plain ints
+            slot = int(slots[0])
+            computed = int(arrays.computed[slot])
+            left = int(arrays.known[slot]) - computed
+            return phase_of(computed, left, int(arrays.prompt_len[slot])) is Phase.DECODE
+        known, prompt_len = arrays.known[slots], arrays.prompt_len[slots]
+        return bool(np.count_nonzero(decodes_next(arrays.computed[slots], known, prompt_len)))
 
-        What :meth:`_rest_after_decodes` and ``check_selection`` give then (decode-first asks its
-        chunk sizer about the prefill, and nothing is left to admit), without the room, the
-        queue's candidates and the checks' lookups. ``None`` when the chunk is empty or would
-        not fit: they are asked then.
+    def _lone_chunk(self, num_decodes: int, prefill: Int32Array, growth: int, limit: int) -> CheckedSelection | None:
+        """The rest of a mixed step when one prefill (``prefill``'s one slot) runs beside the decodes and nobody waits.
+
+        What :meth:`_rest_after_decodes` and ``check_selection`` give then, for a chunk sizer
+        whose answer is known (:func:`~phasesched.chunk_run.chunk_limit`: ``min(limit, tokens
+        left, budget left)`` for an ongoing prefill), with nothing left to admit: without the
+        room, the queue's candidates, the sizer's arguments and the checks' lookups. ``None``
+        when the chunk is empty or would not fit: they are asked then.
         """
-        arrays, kv = self._arrays, self._kv
+        arrays, kv, slot = self._arrays, self._kv, int(prefill[0])
         computed, known = int(arrays.computed[slot]), int(arrays.known[slot])
-        prefill = PrefillCandidate(arrays.seqs[slot].request, computed, known, ongoing=True)
-        context = ChunkContext(self.policy.budget.max_num_batched_tokens - num_decodes, (), NO_BATCH, NO_BATCH)
-        size = checked_chunk(self.policy.chunker, prefill, context)
+        size = max(0, min(limit, known - computed, self.policy.budget.max_num_batched_tokens - num_decodes))
         pages = max(kv.pages_for(computed + size) - int(kv.page_counts[slot]), 0)
         if not size or pages > kv.num_free_pages - growth:
             return None
-        slots, sizes = np.array([slot], dtype=np.int32), np.array([size], dtype=np.int32)
         return CheckedSelection(
-            Selection.built(slots, sizes, (), ()),
+            Selection.built(prefill, np.array([size], dtype=np.int32), (), ()),
             np.array([computed], dtype=np.int32),
             np.array([known], dtype=np.int32),
             np.array([pages], dtype=np.int64),
