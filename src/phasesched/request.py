@@ -85,9 +85,9 @@ def decodes_next(
 ) -> NDArray[np.bool_]:
     """Which requests' next slices are decodes: :func:`phase_of` of all they have left, in bulk.
 
-    The batch builder and every fast path that plans or applies steps itself ask this: a run
-    whose idea of a decode drifted from the builder's once kept a one-token recompute in
-    prefill order.
+    The batch builder and every fast path that plans or applies steps itself ask this (or
+    :func:`phase_of`, for one request): a run whose idea of a decode drifted from the builder's
+    once kept a one-token recompute in prefill order.
     """
     decode: NDArray[np.bool_] = (known - computed == 1) & (computed >= prompt_len)
     return decode

@@ -235,16 +235,18 @@ class _SteadyBatch:
         return held
 
     def split(self, running: Int32Array) -> tuple[NDArray[np.bool_], Int32Array]:
-        """Which of ``running`` the batch holds, and the others, in order.
+        """Which of ``running`` the batch holds, and the others, in order (read-only: later steps share them).
 
-        The scheduler replaces its running slots' array whenever they change, so while mixed
-        steps go on beside the same requests the answer is the last one's.
+        The scheduler replaces its running slots' array whenever they change (it never writes
+        into one), and a batch holds the same slots for its whole life, so while mixed steps go
+        on beside the same requests the answer is the last one's.
         """
         split = self._split
         if split is not None and split[0] is running:
             return split[1], split[2]
-        is_decode = self.members(running)
-        others: Int32Array = running[~is_decode]
+        is_decode = self.members(running)  # a copy (fancy indexing)
+        is_decode.flags.writeable = False
+        others = _frozen(running[~is_decode])
         self._split = running, is_decode, others
         return is_decode, others
 
@@ -859,8 +861,8 @@ class Scheduler:
         # which holds for this path's policies): decode-first then adds nothing after the decodes.
         alone = len(core.running) == len(running) and (not len(self._waiting) or self._waiting_unseated())
         is_decode, others = (core.trues, _NO_SLOTS) if len(core.running) == len(running) else core.split(running)
-        if len(others) and self._decodes_among(others):  # the others must all be prefills, as they were
-            core = self._rebuilt_core()  # a prefill completed: it decodes now
+        if len(others) and self._decodes_among(others):  # the others were all prefills: one has completed
+            core = self._rebuilt_core()  # and decodes now
             if core is None:
                 return None
             is_decode, others = core.split(running)
@@ -874,7 +876,8 @@ class Scheduler:
             self._extend(grown, new_pages, journal)
             self._steady = None  # it may be the core: its update is not the steady one now
             return self._mixed_step(core, _NOTHING_ELSE, starting=starting, admitted=_NO_SLOTS, new_requests=[])
-        limit = self._chunk_limit if len(others) == 1 and not len(self._waiting) and self._reorder is None else None
+        lone = len(others) == 1 and not len(self._waiting) and self._reorder is None
+        limit = self._chunk_limit if lone else None  # the sizer's answer is known: see _lone_chunk
         checked = None if limit is None else self._lone_chunk(len(core.running), others, growth, limit)
         if checked is None:
             rest = self._rest_after_decodes(now, core, is_decode, growth)
@@ -917,7 +920,7 @@ class Scheduler:
         return builder.build_rest()
 
     def _decodes_among(self, slots: Int32Array) -> bool:
-        """Whether one of running ``slots`` decodes next (:func:`~phasesched.request.decodes_next`)."""
+        """Whether any of running ``slots`` decodes next (:func:`~phasesched.request.decodes_next`'s rule)."""
         arrays = self._arrays
         if len(slots) == 1:  # one prefill beside the decodes: the rule on plain ints
             slot = int(slots[0])
@@ -931,10 +934,10 @@ class Scheduler:
         """The rest of a mixed step when one prefill (``prefill``'s one slot) runs beside the decodes and nobody waits.
 
         What :meth:`_rest_after_decodes` and ``check_selection`` give then, for a chunk sizer
-        whose answer is known (:func:`~phasesched.chunk_run.chunk_limit`: ``min(limit, tokens
-        left, budget left)`` for an ongoing prefill), with nothing left to admit: without the
-        room, the queue's candidates, the sizer's arguments and the checks' lookups. ``None``
-        when the chunk is empty or would not fit: they are asked then.
+        whose answer is known (``limit`` is :func:`~phasesched.chunk_run.chunk_limit`'s: an
+        ongoing prefill gets ``min(limit, tokens left, budget left)``), with nothing left to
+        admit: without the room, the queue's candidates, the sizer's arguments and the checks'
+        lookups. ``None`` when the chunk is empty or would not fit: they are asked then.
         """
         arrays, kv, slot = self._arrays, self._kv, int(prefill[0])
         computed, known = int(arrays.computed[slot]), int(arrays.known[slot])
