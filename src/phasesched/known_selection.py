@@ -37,12 +37,12 @@ if TYPE_CHECKING:
     from phasesched.request import Request
     from phasesched.waiting import WaitingCandidate
 
-__all__ = ["NO_BATCH", "RunningState", "StepRoom", "Victims", "decode_first_selection", "selection_after_decodes"]
+__all__ = ["RunningState", "StepRoom", "Victims", "decode_first_selection", "selection_after_decodes"]
 
 Int32Array = NDArray[np.int32]
-NO_BATCH: NDArray[np.int64] = np.zeros(0, dtype=np.int64)
+_NO_BATCH: NDArray[np.int64] = np.zeros(0, dtype=np.int64)
 """A chunk context's batch arrays for a batch-blind sizer, which reads no batch."""
-NO_BATCH.flags.writeable = False
+_NO_BATCH.flags.writeable = False
 _NO_SLOTS = np.zeros(0, dtype=np.int32)
 _NO_SLOTS.flags.writeable = False
 
@@ -208,7 +208,7 @@ def _after_decodes(
     sizes: list[int] = []
     for slot, request, computed, known, held in prefills:
         others = tuple(n for key, n in partial.items() if key != slot)
-        context = ChunkContext(tokens_left, others, NO_BATCH, NO_BATCH)
+        context = ChunkContext(tokens_left, others, _NO_BATCH, _NO_BATCH)
         size = checked_chunk(chunker, PrefillCandidate(request, computed, known, ongoing=True), context)
         if size == 0:
             if tokens_left == 0:
@@ -247,7 +247,7 @@ def _admissions(
         if tokens_left <= 0:
             break
         first = PrefillCandidate(candidate.request, candidate.num_computed, candidate.num_tokens, ongoing=False)
-        context = ChunkContext(tokens_left, tuple(partial.values()), NO_BATCH, NO_BATCH)
+        context = ChunkContext(tokens_left, tuple(partial.values()), _NO_BATCH, _NO_BATCH)
         size = checked_chunk(chunker, first, context)
         if size == 0:
             declined += 1
